@@ -1,0 +1,343 @@
+"""The daemon's lifecycle: store, state, engine, change feed, HTTP, signals, drain.
+
+Everything runs in one anyio task tree, so leaving :meth:`Service.run` means every
+task has ended. Start-up order: bind the HTTP socket (a taken port fails before any
+file is touched), open the store and the state file, build the engine, create the
+local accounts' settings spaces, ``engine.recover()``, then the change feed and
+uvicorn. Stop order on SIGTERM/SIGINT: stop reading the feed (its cursor is never
+moved past a change that was not handled), ``engine.shutdown(30)`` (no new turns,
+running ones finish or are written ``cancelled``) while HTTP still serves their
+streams, then uvicorn. A second signal cancels everything at once; the claims it
+leaves ``pending`` become ``error: interrupted`` at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from daemon.config import Account, Config
+from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore
+
+log = logging.getLogger("turnd.service")
+
+FEED_CURSOR = "changes"  # the state file's name for the change feed cursor
+SHUTDOWN_GRACE = 30.0  # seconds running turns get to finish on SIGTERM (SPEC §7)
+CURSOR_FLUSH_SECONDS = 1.0
+CURSOR_FLUSH_EVERY = 500  # changes: a busy feed still saves its place between flushes
+CHANGE_RETRIES = 3  # attempts at one change before it is logged and skipped
+FEED_BACKOFF_MAX = 30.0
+
+
+class ServiceError(Exception):
+    """A start-up failure worth one line (port taken, store unreadable)."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the service owns SIGTERM/SIGINT."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = anyio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.ready.set()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before anything else starts, so a taken port is a clear one-line error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError as err:
+        sock.close()
+        raise ServiceError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
+async def open_store(config: Config) -> RecordStore:
+    if config.store_kind == "local":
+        from recordstore.local import LocalStore
+
+        return await LocalStore.open(config.store_path)
+    try:
+        from recordstore import pds
+    except ImportError:
+        raise ServiceError("store.kind: the pds backend is not available in this build") from None
+    opener: Any = getattr(pds, "open_pds_store", None) or pds.PdsStore.open
+    result = opener(config.store_service, config.accounts)
+    return await result if hasattr(result, "__await__") else result
+
+
+class Service:
+    """The shared object the HTTP app reads: config, store, state, engine, accounts."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.accounts: list[Account] = list(config.accounts)
+        self.registry = CollectorRegistry()
+        self.store: RecordStore | None = None
+        self.state: Any = None  # turns.state.StateDB once running
+        self.engine: Any = None  # turns.engine.TurnEngine once running
+        self.feed_up = False
+        self.port: int | None = None  # the bound port (differs from config with port 0)
+        self._stop = anyio.Event()
+        self._handled_cursor: str | None = None
+        self._saved_cursor: str | None = None
+        self._since_save = 0
+
+    # -- credentials (the HTTP app and XRPC call these) ------------------------------------
+
+    def account_for_token(self, token: str | None) -> Account | None:
+        """The account whose /api bearer token this is; constant-time in the token."""
+        if not token:
+            return None
+        found = None
+        given = token.encode()
+        for account in self.accounts:
+            # Compare against every account so timing does not tell which one matched.
+            if account.token and hmac.compare_digest(account.token.encode(), given):
+                found = account
+        return found
+
+    def account_for_login(self, identifier: str, password: str) -> Account | None:
+        """createSession: ``identifier`` is a handle or a DID."""
+        found = None
+        given = password.encode()
+        for account in self.accounts:
+            if identifier not in (account.handle, account.did):
+                continue
+            if account.password and hmac.compare_digest(account.password.encode(), given):
+                found = account
+        return found
+
+    def owners(self) -> dict[str, str]:
+        """DID -> account name, for the trigger rules."""
+        return {a.did: a.name for a in self.accounts if a.did}
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def run(self, *, on_ready: Callable[[Service], None] | None = None) -> None:
+        sock = bind_socket(self.config.host, self.config.port)
+        self.port = sock.getsockname()[1]
+        try:
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(self._watch_signals, outer.cancel_scope)
+                try:
+                    await self._run(sock, on_ready)
+                finally:
+                    outer.cancel_scope.cancel()  # ends the signal watcher
+        finally:
+            sock.close()
+
+    async def _watch_signals(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if not self._stop.is_set():
+                    log.info(
+                        "%s: stopping: no new turns, running ones get %ds", name, SHUTDOWN_GRACE
+                    )
+                    self._stop.set()
+                else:
+                    log.warning("%s again: exiting now", name)
+                    scope.cancel()
+                    return
+
+    async def _run(self, sock: socket.socket, on_ready: Callable[[Service], None] | None) -> None:
+        from turns.engine import TurnEngine
+
+        from daemon.http import create_app
+        from turns.state import StateDB
+
+        async with AsyncExitStack() as stack:
+            try:
+                self.store = await open_store(self.config)
+            except (OSError, ValueError) as err:
+                raise ServiceError(f"store.path: cannot open the store: {err}") from None
+            stack.push_async_callback(self.store.aclose)
+            try:
+                self.state = await StateDB.open(self.config.state_path)
+            except (OSError, ValueError) as err:
+                raise ServiceError(f"state.path: cannot open the state file: {err}") from None
+            stack.push_async_callback(self.state.aclose)
+
+            self.engine = TurnEngine(
+                self.store,
+                self.state,
+                self.config.settings,
+                self.config.providers,
+                self.config.default_model,
+                plugins=_load_plugins(self.config.plugins),
+                log=logging.getLogger("turnd.turns"),
+                **_engine_extras(TurnEngine, self.registry),
+            )
+            await stack.enter_async_context(self.engine)
+            for account in self.accounts:
+                if account.did:
+                    await self.store.create_space(account.did, SETTINGS, SETTINGS_SPACE)
+            await self.engine.recover()
+
+            config = uvicorn.Config(
+                create_app(self),
+                log_config=None,  # keep our handlers and formatters
+                access_log=False,  # one line per turn, not per request
+                lifespan="auto",
+                timeout_graceful_shutdown=5,
+                server_header=False,
+            )
+            server = _Server(config)
+            served = anyio.Event()
+
+            async with anyio.create_task_group() as tg:
+
+                async def serve_http() -> None:
+                    try:
+                        await server.serve(sockets=[sock])
+                    finally:
+                        served.set()
+                        self._stop.set()  # uvicorn ending on its own drains the rest too
+
+                tg.start_soon(serve_http)
+                tg.start_soon(self._feed_loop)
+                tg.start_soon(self._flush_loop)
+                if on_ready is not None:
+                    tg.start_soon(self._announce, server, on_ready)
+
+                await self._stop.wait()
+                self.feed_up = False
+                await self.engine.shutdown(SHUTDOWN_GRACE)
+                server.should_exit = True
+                await served.wait()
+                tg.cancel_scope.cancel()
+            await self._flush_cursor()
+            log.info("stopped")
+
+    async def _announce(self, server: _Server, on_ready: Callable[[Service], None]) -> None:
+        await server.ready.wait()
+        on_ready(self)
+
+    # -- the change feed -----------------------------------------------------------------
+
+    async def _feed_loop(self) -> None:
+        """store.changes -> engine.on_change, resuming from the last handled cursor."""
+        assert self.store is not None and self.state is not None
+        self._handled_cursor = self._saved_cursor = await self.state.get_cursor(FEED_CURSOR)
+        delay = 0.5
+        while not self._stop.is_set():
+            try:
+                self.feed_up = True
+                async for change in _changes(self.store, self._handled_cursor):
+                    if self._stop.is_set():
+                        break  # not handled, so the cursor stays before it
+                    await self._handle(change)
+                    delay = 0.5
+                    self._handled_cursor = change.cursor
+                    self._since_save += 1
+                    if self._since_save >= CURSOR_FLUSH_EVERY:
+                        await self._flush_cursor()
+                else:
+                    # A feed that ends by itself is a backend fault: reconnect like an error.
+                    log.warning("the change feed ended; reconnecting")
+            except Exception as err:  # noqa: BLE001 - any feed failure: log, back off, resume
+                self.feed_up = False
+                log.error("change feed failed (retrying in %.1fs): %s", delay, err)
+            if self._stop.is_set():
+                break
+            self.feed_up = False
+            await anyio.sleep(delay)
+            delay = min(delay * 2, FEED_BACKOFF_MAX)
+        await anyio.sleep_forever()  # the drain cancels us
+
+    async def _handle(self, change: Change) -> None:
+        owners = self.owners()
+        for attempt in range(1, CHANGE_RETRIES + 1):
+            try:
+                await self.engine.on_change(change, owners)
+                return
+            except Exception as err:  # noqa: BLE001 - one bad change must not stop the feed
+                if attempt == CHANGE_RETRIES:
+                    log.error(
+                        "skipping change %s/%s/%s after %d attempts: %s",
+                        change.space,
+                        change.collection,
+                        change.key,
+                        attempt,
+                        err,
+                    )
+                    return
+                await anyio.sleep(0.2 * attempt)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await anyio.sleep(CURSOR_FLUSH_SECONDS)
+            try:
+                await self._flush_cursor()
+            except Exception as err:  # noqa: BLE001 - the next flush tries again
+                log.warning("cannot save the feed cursor: %s", err)
+
+    async def _flush_cursor(self) -> None:
+        cursor = self._handled_cursor
+        if cursor is None or cursor == self._saved_cursor or self.state is None:
+            return
+        await self.state.set_cursor(FEED_CURSOR, cursor)
+        self._saved_cursor = cursor
+        self._since_save = 0
+
+
+async def _changes(store: RecordStore, cursor: str | None) -> AsyncIterator[Change]:
+    # Close the backend's generator promptly when we stop iterating (no stray tasks).
+    feed = store.changes(cursor)
+    try:
+        async for change in feed:
+            yield change
+    finally:
+        aclose = getattr(feed, "aclose", None)
+        if aclose is not None:
+            with anyio.CancelScope(shield=True):
+                await aclose()
+
+
+def _load_plugins(names: list[str]) -> Any:
+    try:
+        from plugins.loader import load_plugins
+    except ImportError:
+        return None
+    return load_plugins(names)
+
+
+def _engine_extras(engine_cls: type, registry: CollectorRegistry) -> dict[str, Any]:
+    """Pass the metrics registry if the engine takes one (its signature is the lead's)."""
+    import inspect
+
+    params = inspect.signature(engine_cls).parameters
+    if "metrics" in params:
+        from turns.metrics import TurnMetrics
+
+        return {"metrics": TurnMetrics(registry)}
+    if "registry" in params:
+        return {"registry": registry}
+    return {}
