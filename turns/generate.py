@@ -1,0 +1,263 @@
+"""The step loop: stream a step, run its tool calls, repeat.
+
+Chunks are read as raw SSE lines through the ``openai`` client (its base URL,
+auth, retries with ``Retry-After`` and error types stay) and parsed with
+``jiter``: building the SDK's pydantic objects per token would cost more than the
+rest of the relay together.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx2
+import jiter
+import openai
+
+from plugins.api import Tool, ToolContext
+from turns.parts import PartsBuilder
+from turns.settings import TurnSettings
+
+_KNOWN_DELTA_KEYS = frozenset(
+    {"role", "content", "reasoning_content", "reasoning", "tool_calls", "refusal",
+     "function_call", "annotations", "audio"}
+)
+_SECRETISH = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|Bearer\s+\S+)")
+MAX_ERROR = 500
+
+
+class TurnFailed(Exception):
+    """The turn ends as ``error``; the message is already short and free of secrets."""
+
+
+@dataclass
+class _Call:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    provider_data: dict[str, Any] | None = None
+
+
+@dataclass
+class Usage:
+    input: int = 0
+    output: int = 0
+    reasoning: int = 0
+    seen: bool = False
+
+    def add(self, usage: Mapping[str, Any]) -> None:
+        self.seen = True
+        self.input += _int(usage.get("prompt_tokens"))
+        self.output += _int(usage.get("completion_tokens"))
+        details = usage.get("completion_tokens_details") or {}
+        self.reasoning += _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
+
+    def record(self) -> dict[str, int] | None:
+        if not self.seen:
+            return None
+        return {"inputTokens": self.input, "outputTokens": self.output, "reasoningTokens": self.reasoning}
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def scrub(message: str, secrets: Sequence[str]) -> str:
+    """A short error message with every secret we know of, and anything key-shaped, removed."""
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "[redacted]")
+    message = _SECRETISH.sub("[redacted]", message)
+    return message if len(message) <= MAX_ERROR else message[: MAX_ERROR - 1] + "…"
+
+
+async def run_steps(
+    client: openai.AsyncOpenAI,
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: Sequence[Tool],
+    effort: str | None,
+    settings: TurnSettings,
+    parts: PartsBuilder,
+    tool_context: ToolContext,
+    usage: Usage,
+) -> None:
+    """Run steps until one makes no tool call or ``max_steps`` is reached.
+
+    Raises TurnFailed (with an unscrubbed message: the caller scrubs) on a model
+    or loop-guard failure; cancellation comes from the caller's cancel scope.
+    """
+    by_name = {t.name: t for t in tools}
+    base: dict[str, Any] = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if tools:
+        base["tools"] = [t.spec() for t in tools]
+    if effort:
+        base["reasoning_effort"] = effort
+    previous: list[tuple[str, str]] | None = None
+    for _step in range(settings.max_steps):
+        first_part = len(parts.parts)
+        calls = await _stream_step(client, {**base, "messages": messages}, parts, usage)
+        parts.end_run()
+        if not calls:
+            return
+        signature = [(c.name, "".join(c.arguments)) for c in calls]
+        if signature == previous:
+            raise TurnFailed(
+                f"stopped a loop: the model called {signature[0][0]!r} with the same input "
+                "as in the step before"
+            )
+        previous = signature
+        step_text = "".join(
+            p["text"] for p in parts.parts[first_part:] if p["$type"].endswith("#textPart")
+        )
+        for call, (name, arguments) in zip(calls, signature, strict=True):
+            parts.tool_call(call.id, name, arguments, call.provider_data)
+        messages = [
+            *messages,
+            {
+                "role": "assistant",
+                "content": step_text or None,
+                "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": n, "arguments": a}}
+                    for c, (n, a) in zip(calls, signature, strict=True)
+                ],
+            },
+        ]
+        results = await _run_tools(calls, signature, by_name, tool_context, settings)
+        for call, (output, is_error) in zip(calls, results, strict=True):
+            part = parts.tool_result(call.id, output, is_error)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": part["output"]})
+
+
+async def _stream_step(
+    client: openai.AsyncOpenAI, body: dict[str, Any], parts: PartsBuilder, usage: Usage
+) -> list[_Call]:
+    calls: dict[int, _Call] = {}
+    try:
+        async with client.chat.completions.with_streaming_response.create(**body) as response:
+            async for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = jiter.from_json(data.encode())
+                except ValueError:
+                    raise TurnFailed("the model sent a malformed chunk") from None
+                if not isinstance(chunk, dict):
+                    raise TurnFailed("the model sent a malformed chunk")
+                if chunk.get("error"):
+                    raise TurnFailed(f"the model failed: {_error_text(chunk['error'])}")
+                if chunk.get("usage"):
+                    usage.add(chunk["usage"])
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta")
+                    if delta:
+                        _apply_delta(delta, parts, calls)
+    except openai.APIStatusError as exc:
+        raise TurnFailed(f"the model provider answered {exc.status_code}: {_status_text(exc)}") from None
+    except openai.APITimeoutError:
+        raise TurnFailed("the model provider did not answer in time") from None
+    except openai.APIConnectionError:
+        raise TurnFailed("could not reach the model provider") from None
+    except httpx2.ReadTimeout:
+        raise TurnFailed("the model stopped sending (stalled)") from None
+    except httpx2.HTTPError:
+        raise TurnFailed("the model's stream was cut off") from None
+    return [calls[i] for i in sorted(calls)]
+
+
+def _apply_delta(delta: dict[str, Any], parts: PartsBuilder, calls: dict[int, _Call]) -> None:
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+    if reasoning and isinstance(reasoning, str):
+        parts.reasoning(reasoning)
+    text = delta.get("content") or delta.get("refusal")
+    if text and isinstance(text, str):
+        parts.text(text)
+    if len(delta) > 1 and not _KNOWN_DELTA_KEYS.issuperset(delta):
+        parts.provider_data({k: v for k, v in delta.items() if k not in _KNOWN_DELTA_KEYS})
+    tool_calls = delta.get("tool_calls")
+    if tool_calls:
+        for fragment in tool_calls:
+            call = calls.setdefault(fragment.get("index", 0), _Call())
+            if fragment.get("id"):
+                call.id = fragment["id"]
+            function = fragment.get("function") or {}
+            if function.get("name"):
+                call.name += function["name"]
+            if function.get("arguments"):
+                call.arguments.append(function["arguments"])
+            extra = {k: v for k, v in fragment.items() if k not in ("index", "id", "type", "function")}
+            if extra:
+                call.provider_data = {**(call.provider_data or {}), **extra}
+    for annotation in delta.get("annotations") or ():
+        citation = annotation.get("url_citation") if isinstance(annotation, dict) else None
+        if isinstance(citation, dict) and isinstance(citation.get("url"), str):
+            parts.source(citation["url"], citation.get("title"))
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("type") or "unknown error")
+    return str(error)
+
+
+def _status_text(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        return _error_text(inner)
+    return exc.message
+
+
+async def _run_tools(
+    calls: list[_Call],
+    signature: list[tuple[str, str]],
+    by_name: Mapping[str, Tool],
+    context: ToolContext,
+    settings: TurnSettings,
+) -> list[tuple[Any, bool]]:
+    """Run a step's tool calls in parallel, at most ``max_parallel_tools`` at a time."""
+    results: list[tuple[Any, bool]] = [("", True)] * len(calls)
+    limit = anyio.Semaphore(settings.max_parallel_tools)
+
+    async def run(i: int, name: str, arguments: str) -> None:
+        async with limit:
+            results[i] = await _run_tool(by_name.get(name), name, arguments, context, settings)
+
+    async with anyio.create_task_group() as tg:
+        for i, (name, arguments) in enumerate(signature):
+            tg.start_soon(run, i, name, arguments)
+    return results
+
+
+async def _run_tool(
+    tool: Tool | None, name: str, arguments: str, context: ToolContext, settings: TurnSettings
+) -> tuple[Any, bool]:
+    if tool is None:
+        return f"unknown tool {name!r}", True
+    try:
+        args = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as exc:
+        return f"the arguments are not valid JSON: {exc}", True
+    if not isinstance(args, dict):
+        return "the arguments must be a JSON object", True
+    with anyio.move_on_after(settings.tool_timeout_seconds) as scope:
+        try:
+            return await tool.handler(args, context), False
+        except Exception as exc:  # a tool's failure is a result the model sees
+            return f"{type(exc).__name__}: {exc}", True
+    if scope.cancelled_caught:
+        return f"the tool timed out after {settings.tool_timeout_seconds:g} s", True
+    return "the tool was stopped", True

@@ -1,0 +1,109 @@
+"""Model and effort resolution, and one OpenAI-compatible client per provider."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2  # the HTTP client openai 3.x is built on
+import openai
+
+from turns.settings import Provider
+
+# OpenAI-compatible `reasoning_effort`; `max` is the highest the API names.
+_EFFORT = {"none": "none", "low": "low", "medium": "medium", "high": "high", "max": "high"}
+
+
+class ModelResolutionError(Exception):
+    pass
+
+
+def parse_model(ref: str) -> dict[str, str]:
+    """``provider:id`` -> a modelRef. The id may itself contain colons."""
+    provider, sep, model_id = ref.partition(":")
+    if not sep or not provider or not model_id:
+        raise ValueError(f"model {ref!r} must be written provider:id")
+    return {"provider": provider, "id": model_id}
+
+
+def choose_model(
+    generation: Mapping[str, Any],
+    branch: list[dict[str, Any]],
+    preferences: Mapping[str, Any] | None,
+    default: str,
+) -> dict[str, str]:
+    """Request, else the nearest completed reply up the branch, else preferences, else admin."""
+    if _is_model_ref(generation.get("model")):
+        return _ref(generation["model"])
+    for value in reversed(branch):
+        if value.get("role") == "assistant" and value.get("status") == "complete":
+            if _is_model_ref(value.get("model")):
+                return _ref(value["model"])
+    if preferences and _is_model_ref(preferences.get("defaultModel")):
+        return _ref(preferences["defaultModel"])
+    return parse_model(default)
+
+
+def choose_effort(generation: Mapping[str, Any], preferences: Mapping[str, Any] | None) -> str | None:
+    effort = generation.get("effort")
+    if isinstance(effort, str):
+        return effort
+    effort = (preferences or {}).get("defaultEffort")
+    return effort if isinstance(effort, str) else None
+
+
+def reasoning_effort(effort: str | None) -> str | None:
+    return _EFFORT.get(effort) if effort else None
+
+
+def _is_model_ref(value: Any) -> bool:
+    return isinstance(value, Mapping) and isinstance(value.get("provider"), str) and isinstance(
+        value.get("id"), str
+    )
+
+
+def _ref(value: Mapping[str, Any]) -> dict[str, str]:
+    return {"provider": value["provider"], "id": value["id"]}
+
+
+class Clients:
+    """One ``AsyncOpenAI`` per provider, built on first use and kept for the process."""
+
+    def __init__(self, providers: Mapping[str, Provider]) -> None:
+        self._providers = providers
+        self._clients: dict[tuple[str, int], openai.AsyncOpenAI] = {}
+
+    def provider(self, ref: Mapping[str, str]) -> Provider:
+        provider = self._providers.get(ref["provider"])
+        if provider is None:
+            raise ModelResolutionError(f"unknown provider {ref['provider']!r}")
+        if provider.models and ref["id"] not in provider.models:
+            raise ModelResolutionError(
+                f"model {ref['id']!r} is not offered by provider {provider.name!r}"
+            )
+        return provider
+
+    def client(self, provider: Provider, retries: int) -> openai.AsyncOpenAI:
+        key = (provider.name, retries)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = openai.AsyncOpenAI(
+                base_url=provider.base_url,
+                # Local servers (Ollama, llama.cpp, the echo provider) take any key.
+                api_key=provider.api_key or "unused",
+                max_retries=retries,
+                # No overall read timeout: the turn's own timeout bounds it; a stall
+                # between chunks is bounded by the read timeout instead.
+                timeout=openai.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0),
+                http_client=openai.DefaultAsyncHttpxClient(
+                    limits=httpx2.Limits(
+                        max_connections=1000, max_keepalive_connections=200
+                    )
+                ),
+            )
+        return client
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()

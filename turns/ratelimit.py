@@ -1,0 +1,49 @@
+"""Per-user turn rate limit: a sliding minute, and a queue that claims nothing."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import anyio
+
+
+class RateLimiter:
+    def __init__(self) -> None:
+        self._starts: dict[str, deque[float]] = {}
+        self._lock: dict[str, anyio.Lock] = {}
+        self.waiting = 0
+
+    def _window(self, user: str, now: float) -> deque[float]:
+        starts = self._starts.setdefault(user, deque())
+        while starts and now - starts[0] >= 60.0:
+            starts.popleft()
+        return starts
+
+    def try_acquire(self, user: str, per_minute: int) -> bool:
+        now = time.monotonic()
+        starts = self._window(user, now)
+        if len(starts) < per_minute and not self._lock_held(user):
+            starts.append(now)
+            return True
+        return False
+
+    def _lock_held(self, user: str) -> bool:
+        lock = self._lock.get(user)
+        return lock is not None and lock.locked()
+
+    async def acquire(self, user: str, per_minute: int) -> None:
+        """Wait (first come, first served per user) until a turn may start."""
+        lock = self._lock.setdefault(user, anyio.Lock())
+        self.waiting += 1
+        try:
+            async with lock:
+                while True:
+                    now = time.monotonic()
+                    starts = self._window(user, now)
+                    if len(starts) < per_minute:
+                        starts.append(now)
+                        return
+                    await anyio.sleep(60.0 - (now - starts[0]) + 0.01)
+        finally:
+            self.waiting -= 1

@@ -1,0 +1,75 @@
+"""What a turn reads when it starts: the `[turns]` settings and the providers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are {{appName}}, a helpful assistant. Today is {{date}} ({{timezone}}). "
+    "Your replies are rendered as Markdown; raw HTML is not rendered, "
+    "and images are only loaded when the reader clicks them."
+)
+
+# camelCase key in turnd.toml -> field name
+_TOML_KEYS = {
+    "ratePerMinute": "rate_per_minute",
+    "maxSteps": "max_steps",
+    "timeoutSeconds": "timeout_seconds",
+    "backfillMinutes": "backfill_minutes",
+    "maxParallelTools": "max_parallel_tools",
+    "toolTimeoutSeconds": "tool_timeout_seconds",
+    "retries": "retries",
+    "systemPrompt": "system_prompt",
+    "appName": "app_name",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    rate_per_minute: int = 10
+    max_steps: int = 8
+    timeout_seconds: float = 600
+    backfill_minutes: float = 60
+    max_parallel_tools: int = 5
+    tool_timeout_seconds: float = 30
+    retries: int = 2
+    # None: the built-in base prompt; "": no base prompt at all.
+    system_prompt: str | None = None
+    app_name: str = "turnd"
+
+    @classmethod
+    def from_toml(cls, table: dict[str, Any]) -> TurnSettings:
+        """Build from the `[turns]` table; ``ValueError("turns.<key>: ...")`` on bad input."""
+        kwargs: dict[str, Any] = {}
+        types = {f.name: f.type for f in fields(cls)}
+        for key, value in table.items():
+            name = _TOML_KEYS.get(key)
+            if name is None:
+                raise ValueError(f"turns.{key}: unknown setting")
+            kind = types[name]
+            if "str" in kind:
+                if not isinstance(value, str):
+                    raise ValueError(f"turns.{key}: must be a string")
+            else:
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ValueError(f"turns.{key}: must be a number")
+                if kind == "int" and value != int(value):
+                    raise ValueError(f"turns.{key}: must be a whole number")
+                minimum = 0 if name in ("retries",) else 1
+                if value < minimum:
+                    raise ValueError(f"turns.{key}: must be >= {minimum}")
+                value = int(value) if kind == "int" else value
+            kwargs[name] = value
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """An OpenAI-compatible endpoint. ``api_key`` is the secret itself: never log it."""
+
+    name: str
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
+    models: tuple[str, ...] = ()
+    label: str | None = None

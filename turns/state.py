@@ -1,0 +1,127 @@
+"""turnd's own state file: requested and claimed turns, sync cursors, instance id.
+
+It holds references only (DIDs, space keys, record keys, times), never content.
+Several daemons may serve one store, each with its own state file.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiosqlite
+import anyio
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS turn_request (
+    did TEXT NOT NULL, skey TEXT NOT NULL, user_key TEXT NOT NULL, attempt INTEGER NOT NULL,
+    requested_at REAL NOT NULL,
+    PRIMARY KEY (did, skey, user_key, attempt)
+);
+CREATE TABLE IF NOT EXISTS turn_claim (
+    did TEXT NOT NULL, skey TEXT NOT NULL, reply_key TEXT NOT NULL,
+    instance TEXT NOT NULL, claimed_at REAL NOT NULL,
+    PRIMARY KEY (did, skey, reply_key)
+);
+CREATE TABLE IF NOT EXISTS cursor (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    did: str
+    skey: str
+    user_key: str
+    attempt: int
+    requested_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnClaim:
+    did: str
+    skey: str
+    reply_key: str
+
+
+class StateDB:
+    def __init__(self, db: aiosqlite.Connection, instance_id: str) -> None:
+        self._db = db
+        self._lock = anyio.Lock()
+        self.instance_id = instance_id
+
+    @classmethod
+    async def open(cls, path: str | Path) -> StateDB:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.execute("PRAGMA busy_timeout=5000")
+            await db.executescript(_SCHEMA)
+        except Exception as exc:
+            await db.close()
+            raise ValueError(f"{path}: not a turnd state file ({exc})") from None
+        row = await (await db.execute("SELECT value FROM meta WHERE name='instance'")).fetchone()
+        if row is None:
+            instance = uuid.uuid4().hex
+            await db.execute("INSERT INTO meta VALUES ('instance', ?)", (instance,))
+        else:
+            instance = row[0]
+        return cls(db, instance)
+
+    async def aclose(self) -> None:
+        await self._db.close()
+
+    async def _run(self, sql: str, args: tuple = ()) -> int:
+        async with self._lock:
+            cursor = await self._db.execute(sql, args)
+            return cursor.rowcount
+
+    async def add_request(self, did: str, skey: str, user_key: str, attempt: int) -> bool:
+        """Record a requested turn; False when the same request is already recorded."""
+        n = await self._run(
+            "INSERT OR IGNORE INTO turn_request VALUES (?, ?, ?, ?, ?)",
+            (did, skey, user_key, attempt, time.time()),
+        )
+        return n == 1
+
+    async def drop_request(self, did: str, skey: str, user_key: str, attempt: int) -> None:
+        await self._run(
+            "DELETE FROM turn_request WHERE did=? AND skey=? AND user_key=? AND attempt=?",
+            (did, skey, user_key, attempt),
+        )
+
+    async def requests(self) -> list[TurnRequest]:
+        async with self._lock:
+            rows = await self._db.execute_fetchall("SELECT * FROM turn_request ORDER BY requested_at")
+        return [TurnRequest(*row) for row in rows]
+
+    async def add_claim(self, did: str, skey: str, reply_key: str) -> None:
+        await self._run(
+            "INSERT OR REPLACE INTO turn_claim VALUES (?, ?, ?, ?, ?)",
+            (did, skey, reply_key, self.instance_id, time.time()),
+        )
+
+    async def drop_claim(self, did: str, skey: str, reply_key: str) -> None:
+        await self._run(
+            "DELETE FROM turn_claim WHERE did=? AND skey=? AND reply_key=?", (did, skey, reply_key)
+        )
+
+    async def claims(self) -> list[TurnClaim]:
+        async with self._lock:
+            rows = await self._db.execute_fetchall(
+                "SELECT did, skey, reply_key FROM turn_claim WHERE instance=?", (self.instance_id,)
+            )
+        return [TurnClaim(*row) for row in rows]
+
+    async def get_cursor(self, name: str) -> str | None:
+        async with self._lock:
+            rows = await self._db.execute_fetchall("SELECT value FROM cursor WHERE name=?", (name,))
+        return rows[0][0] if rows else None
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        await self._run("INSERT OR REPLACE INTO cursor VALUES (?, ?)", (name, value))

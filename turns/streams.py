@@ -1,0 +1,110 @@
+"""Numbered stream buffers: one per reply key, replayed then followed live.
+
+A buffer is an append-only list of events. Subscribers read it by index at
+their own pace, so the turn never waits on a subscriber and one slow reader
+cannot hold back the others; the list is bounded by the turn itself (the reply
+record is at most ~1 MB) and dropped a minute after the turn ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+KEEP_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    id: int
+    event: str
+    data: str  # JSON, encoded once at publish time
+
+
+class StreamBuffer:
+    def __init__(self, on_subscribers: Callable[[int], None] | None = None) -> None:
+        self._events: list[StreamEvent] = []
+        self._wakeup: anyio.Event | None = None
+        self._closed_at: float | None = None
+        self._on_subscribers = on_subscribers
+
+    @property
+    def done(self) -> bool:
+        return self._closed_at is not None
+
+    @property
+    def last_id(self) -> int:
+        return len(self._events)
+
+    def publish(self, event: str, data: dict[str, Any]) -> None:
+        self.publish_raw(event, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+
+    def publish_raw(self, event: str, data: str) -> None:
+        if self._closed_at is not None:
+            return
+        self._events.append(StreamEvent(len(self._events) + 1, event, data))
+        self._wake()
+
+    def close(self) -> None:
+        """End the stream; the last event published should be ``status``."""
+        if self._closed_at is None:
+            self._closed_at = time.monotonic()
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    async def events(self, after: int = 0) -> AsyncIterator[StreamEvent]:
+        """Events with ids greater than ``after``: the buffered ones, then live ones."""
+        index = max(after, 0)
+        if self._on_subscribers:
+            self._on_subscribers(+1)
+        try:
+            while True:
+                events = self._events
+                while index < len(events):
+                    yield events[index]
+                    index += 1
+                if self._closed_at is not None:
+                    return
+                if self._wakeup is None:
+                    self._wakeup = anyio.Event()
+                await self._wakeup.wait()
+        finally:
+            if self._on_subscribers:
+                self._on_subscribers(-1)
+
+    def expired(self, now: float) -> bool:
+        return self._closed_at is not None and now - self._closed_at > KEEP_SECONDS
+
+
+class StreamRegistry:
+    """Buffers by reply, opened at the claim (or when queued), dropped a minute after the end."""
+
+    def __init__(self, on_subscribers: Callable[[int], None] | None = None) -> None:
+        self._buffers: dict[tuple[str, str, str], StreamBuffer] = {}
+        self._on_subscribers = on_subscribers
+
+    def open(self, did: str, skey: str, reply_key: str) -> StreamBuffer:
+        self._purge()
+        key = (did, skey, reply_key)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.done:
+            buffer = self._buffers[key] = StreamBuffer(self._on_subscribers)
+        return buffer
+
+    def get(self, did: str, skey: str, reply_key: str) -> StreamBuffer | None:
+        self._purge()
+        return self._buffers.get((did, skey, reply_key))
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, b in self._buffers.items() if b.expired(now)]:
+            del self._buffers[key]
