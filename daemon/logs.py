@@ -56,10 +56,14 @@ class TextFormatter(logging.Formatter):
     """``2025-01-01T12:00:00.000+00:00 INFO turnd.turns turn conversation=... status=complete``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{_timestamp(record)} {record.levelname} {record.name} {record.getMessage()}"
+        head = f"{_timestamp(record)} {record.levelname} {record.name}"
         turn = getattr(record, "turn", None)
         if isinstance(turn, dict):
-            line += " " + " ".join(f"{k}={_text_value(v)}" for k, v in _turn_items(turn))
+            # The turn's fields say everything the message says, in a greppable form.
+            pairs = " ".join(f"{k}={_text_value(v)}" for k, v in _turn_items(turn))
+            line = f"{head} turn {pairs}"
+        else:
+            line = f"{head} {record.getMessage()}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

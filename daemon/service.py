@@ -26,8 +26,8 @@ import anyio
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from daemon.config import Account, Config
-from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore
+from daemon.config import Account, Config, ConfigError
+from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore, StoreError
 
 log = logging.getLogger("turnd.service")
 
@@ -105,6 +105,8 @@ class Service:
         self._handled_cursor: str | None = None
         self._saved_cursor: str | None = None
         self._since_save = 0
+        # Loaded now, so a bad plugin name is a config error before anything starts.
+        self.plugins = _load_plugins(config.plugins)
 
     # -- credentials (the HTTP app and XRPC call these) ------------------------------------
 
@@ -168,15 +170,14 @@ class Service:
                     return
 
     async def _run(self, sock: socket.socket, on_ready: Callable[[Service], None] | None) -> None:
-        from turns.engine import TurnEngine
-
         from daemon.http import create_app
+        from turns.engine import TurnEngine
         from turns.state import StateDB
 
         async with AsyncExitStack() as stack:
             try:
                 self.store = await open_store(self.config)
-            except (OSError, ValueError) as err:
+            except (OSError, ValueError, StoreError) as err:
                 raise ServiceError(f"store.path: cannot open the store: {err}") from None
             stack.push_async_callback(self.store.aclose)
             try:
@@ -191,8 +192,7 @@ class Service:
                 self.config.settings,
                 self.config.providers,
                 self.config.default_model,
-                plugins=_load_plugins(self.config.plugins),
-                log=logging.getLogger("turnd.turns"),
+                self.plugins,
                 **_engine_extras(TurnEngine, self.registry),
             )
             await stack.enter_async_context(self.engine)
@@ -322,11 +322,12 @@ async def _changes(store: RecordStore, cursor: str | None) -> AsyncIterator[Chan
 
 
 def _load_plugins(names: list[str]) -> Any:
+    from plugins.loader import load_plugins
+
     try:
-        from plugins.loader import load_plugins
-    except ImportError:
-        return None
-    return load_plugins(names)
+        return load_plugins(names)
+    except Exception as err:  # noqa: BLE001 - whatever a plugin raises, name the key
+        raise ConfigError(f"plugins.enabled: {str(err).splitlines()[0]}") from None
 
 
 def _engine_extras(engine_cls: type, registry: CollectorRegistry) -> dict[str, Any]:
