@@ -573,27 +573,30 @@ def _iter_json(node: Traversable) -> list[Traversable]:
     return found
 
 
-@functools.cache
-def _schema() -> dict[str, Check]:
-    """Record collection NSID -> check, compiled once from the shipped documents."""
-    docs = []
-    for path in sorted(_iter_json(resources.files("lexicons")), key=lambda p: p.name):
-        docs.append(lexicon_parse(json.loads(path.read_text(encoding="utf-8"))))
+def _compile(raw_docs: list[dict[str, Any]]) -> dict[str, Check]:
+    """Record collection NSID -> check, for these lexicon documents (JSON form)."""
+    docs = [lexicon_parse(raw) for raw in raw_docs]
     missing = find_unresolved_refs(docs)
     if missing:
-        raise RuntimeError(f"lexicons refer to undefined defs: {sorted(missing)}")
+        raise ValueError(f"lexicons refer to undefined defs: {sorted(missing)}")
     compiler = _Compiler(docs)
     records = {}
     for doc in docs:
-        main = doc.defs.get("main")
-        if isinstance(main, lex.LexRecord):
+        if isinstance(doc.defs.get("main"), lex.LexRecord):
             records[doc.id] = compiler.ref(doc.id, "#main")
-    # Resolve every lazy ref now, so that a broken document fails at start-up.
+    # Compile every def now (tokens excepted), so a broken document fails at load.
     for doc in docs:
-        for name in doc.defs:
-            if not isinstance(doc.defs[name], lex.LexToken):
+        for name, d in doc.defs.items():
+            if not isinstance(d, lex.LexToken):
                 compiler.ref(doc.id, f"#{name}")
     return records
+
+
+@functools.cache
+def _schema() -> dict[str, Check]:
+    """The shipped documents, compiled once per process."""
+    paths = sorted(_iter_json(resources.files("lexicons")), key=lambda p: p.name)
+    return _compile([json.loads(p.read_text(encoding="utf-8")) for p in paths])
 
 
 def has_lexicon(collection: str) -> bool:
@@ -607,6 +610,10 @@ def validate_record(collection: str, value: dict[str, Any]) -> None:
     A collection without a lexicon only gets the data-model checks. ``value`` is
     never changed: defaults are not filled in and unknown fields stay.
     """
+    _validate(_schema(), collection, value)
+
+
+def _validate(schema: dict[str, Check], collection: str, value: Any) -> None:
     try:
         if type(value) is not dict:
             raise _expect(value, "an object")
@@ -615,7 +622,7 @@ def validate_record(collection: str, value: dict[str, Any]) -> None:
             f = _Fail(f"must be {collection}")
             f.path.append("$type")
             raise f
-        check = _schema().get(collection)
+        check = schema.get(collection)
         if check is None:
             _check_data(value)
         else:
