@@ -1,1 +1,8 @@
 pytest_plugins = ["tests.pdsfixture"]
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

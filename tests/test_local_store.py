@@ -1,0 +1,458 @@
+"""The local SQLite record store, against real SQLite files and real processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from recordstore import (
+    INFO,
+    MESSAGE,
+    BlobNotFound,
+    Change,
+    InvalidKey,
+    InvalidRecord,
+    InvalidSwap,
+    RecordExists,
+    StoreError,
+)
+from recordstore.cid import record_cid
+from recordstore.keys import new_tid
+from recordstore.local import DB_NAME, LocalStore
+from tests.strategies import valid_messages
+
+pytestmark = pytest.mark.anyio
+
+DID = "did:plc:alice"
+SPACE = "3m2a4b5c6d7e2"
+_spawn = multiprocessing.get_context("spawn")
+
+
+def message(text: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {
+        "$type": MESSAGE,
+        "role": "user",
+        "content": {
+            "$type": "network.sharedcomputer.chat.defs#plainContent",
+            "parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": text}],
+        },
+        "createdAt": "2026-01-01T00:00:00.000Z",
+        **extra,
+    }
+
+
+def _big_message() -> dict[str, Any]:
+    # Each part within the lexicon's limit, the whole beyond what a PDS accepts.
+    value = message()
+    part = {"$type": "network.sharedcomputer.chat.defs#textPart", "text": "x" * 400_000}
+    value["content"]["parts"] = [part] * 3
+    return value
+
+
+def op_count(root: Path) -> int:
+    with sqlite3.connect(root / DB_NAME) as db:
+        return db.execute("SELECT count(*) FROM ops").fetchone()[0]
+
+
+async def take(feed: AsyncIterator[Change], n: int, within: float = 10) -> list[Change]:
+    out: list[Change] = []
+    with anyio.fail_after(within):
+        async for change in feed:
+            out.append(change)
+            if len(out) == n:
+                break
+    return out
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[LocalStore]:
+    async with LocalStore.open(tmp_path) as s:
+        yield s
+
+
+# --- records --------------------------------------------------------------------
+
+
+async def test_create_get_and_cid_as_a_pds(store: LocalStore) -> None:
+    without_type = {k: v for k, v in message().items() if k != "$type"}
+    rec = await store.create_record(DID, SPACE, MESSAGE, "k1", without_type)
+    # The reference PDS gave this CID for this record (tests/vectors/cids.json).
+    assert rec.cid == "bafyreidlpnm5ajxotpgxx4ob3t2d2ujwczow3lvpfzhzazo4ehjba6hbce"
+    assert rec.value["$type"] == MESSAGE
+    got = await store.get_record(DID, SPACE, MESSAGE, "k1")
+    assert got == rec
+    assert await store.get_record(DID, SPACE, MESSAGE, "k2") is None
+    assert await store.get_record("did:plc:bob", SPACE, MESSAGE, "k1") is None
+
+
+async def test_create_is_create_only(store: LocalStore) -> None:
+    first = await store.create_record(DID, SPACE, MESSAGE, "k", message("one"))
+    with pytest.raises(RecordExists):
+        await store.create_record(DID, SPACE, MESSAGE, "k", message("two"))
+    assert await store.get_record(DID, SPACE, MESSAGE, "k") == first
+
+
+async def test_put_and_swap(store: LocalStore, tmp_path: Path) -> None:
+    with pytest.raises(InvalidSwap):  # a swap on an absent record is a mismatch
+        await store.put_record(DID, SPACE, MESSAGE, "k", message(), swap_cid=record_cid(message()))
+    assert await store.get_record(DID, SPACE, MESSAGE, "k") is None
+
+    one = await store.put_record(DID, SPACE, MESSAGE, "k", message("one"))
+    with pytest.raises(InvalidSwap):
+        await store.put_record(
+            DID, SPACE, MESSAGE, "k", message("two"), swap_cid=record_cid(message("x"))
+        )
+    two = await store.put_record(DID, SPACE, MESSAGE, "k", message("two"), swap_cid=one.cid)
+    assert (await store.get_record(DID, SPACE, MESSAGE, "k")) == two
+
+    ops = op_count(tmp_path)
+    await store.put_record(DID, SPACE, MESSAGE, "k", message("two"))  # identical: no new op
+    assert op_count(tmp_path) == ops
+
+
+async def test_delete(store: LocalStore) -> None:
+    rec = await store.create_record(DID, SPACE, MESSAGE, "k", message())
+    with pytest.raises(InvalidSwap):
+        await store.delete_record(DID, SPACE, MESSAGE, "k", swap_cid=record_cid(message("x")))
+    assert await store.get_record(DID, SPACE, MESSAGE, "k") is not None
+    await store.delete_record(DID, SPACE, MESSAGE, "k", swap_cid=rec.cid)
+    assert await store.get_record(DID, SPACE, MESSAGE, "k") is None
+    # Absent: a no-op, as on a PDS, with or without a swap.
+    await store.delete_record(DID, SPACE, MESSAGE, "k")
+    await store.delete_record(DID, SPACE, MESSAGE, "k", swap_cid=rec.cid)
+    await store.create_record(DID, SPACE, MESSAGE, "k", message())  # the key is free again
+
+
+async def test_list_records_order_and_pages(store: LocalStore) -> None:
+    keys = [new_tid() for _ in range(7)]
+    for k in reversed(keys):
+        await store.create_record(DID, SPACE, MESSAGE, k, message(k))
+    await store.create_record(DID, SPACE, INFO, "self", {"createdAt": "2026-01-01T00:00:00.000Z"})
+    await store.create_record(DID, "3m2a4b5c6d7e3", MESSAGE, keys[0], message())
+
+    page, cursor = await store.list_records(DID, SPACE, MESSAGE)
+    assert [r.key for r in page] == keys and cursor is None
+
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = await store.list_records(DID, SPACE, MESSAGE, cursor=cursor, limit=3)
+        seen += [r.key for r in page]
+        if cursor is None:
+            break
+        assert len(page) == 3
+    assert seen == keys
+
+    page, cursor = await store.list_records(DID, SPACE, MESSAGE, reverse=True, limit=4)
+    assert [r.key for r in page] == keys[::-1][:4]
+    page, cursor = await store.list_records(DID, SPACE, MESSAGE, reverse=True, cursor=cursor)
+    assert [r.key for r in page] == keys[::-1][4:] and cursor is None
+
+
+async def test_spaces_are_idempotent(store: LocalStore) -> None:
+    await store.create_space(DID, "network.sharedcomputer.chat.conversation", SPACE)
+    await store.create_space(DID, "network.sharedcomputer.chat.conversation", SPACE)
+    with pytest.raises(InvalidKey):
+        await store.create_space(DID, "network.sharedcomputer.chat.conversation", "a:b")
+
+
+@settings(
+    max_examples=75, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(value=valid_messages())
+async def test_valid_records_round_trip(tmp_path: Path, value: dict[str, Any]) -> None:
+    async with LocalStore.open(tmp_path) as store:
+        key = new_tid()
+        created = await store.create_record(DID, SPACE, MESSAGE, key, value)
+        got = await store.get_record(DID, SPACE, MESSAGE, key)
+        assert got is not None
+        assert got.value == {"$type": MESSAGE, **value}
+        assert got.cid == created.cid == record_cid(got.value)
+        again = await store.put_record(DID, SPACE, MESSAGE, key, got.value, swap_cid=got.cid)
+        assert again.cid == created.cid
+
+
+# --- refusals -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "message_part"),
+    [
+        ({"role": "user", "createdAt": "2026-01-01T00:00:00.000Z"}, "content"),
+        (message(createdAt="yesterday"), "createdAt"),
+        (message(usage={"inputTokens": 1.5}), "usage.inputTokens"),
+        (message(extra=0.5), "float"),
+        ({**message(), "$type": INFO}, "does not match"),
+        (message("x" * 600_000), "500000"),
+        (_big_message(), "larger than 1000000 bytes"),
+        ("not an object", "JSON object"),
+    ],
+)
+async def test_invalid_records_write_nothing(
+    store: LocalStore, tmp_path: Path, value: Any, message_part: str
+) -> None:
+    before = op_count(tmp_path)
+    for write in (store.create_record, store.put_record):
+        with pytest.raises(InvalidRecord, match=message_part):
+            await write(DID, SPACE, MESSAGE, "k", value)
+    assert await store.get_record(DID, SPACE, MESSAGE, "k") is None
+    assert op_count(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("did", "space", "collection", "key"),
+    [
+        (DID, SPACE, MESSAGE, ".."),
+        (DID, SPACE, MESSAGE, "a/b"),
+        (DID, SPACE, MESSAGE, ""),
+        (DID, SPACE, MESSAGE, "k" * 513),
+        (DID, "a:b", MESSAGE, "k"),
+        (DID, "../x", MESSAGE, "k"),
+        ("alice", SPACE, MESSAGE, "k"),
+        (DID, SPACE, "message", "k"),
+    ],
+)
+async def test_invalid_keys_write_nothing(
+    store: LocalStore, tmp_path: Path, did: str, space: str, collection: str, key: str
+) -> None:
+    before = op_count(tmp_path)
+    with pytest.raises(InvalidKey):
+        await store.create_record(did, space, collection, key, message())
+    with pytest.raises(InvalidKey):
+        await store.put_record(did, space, collection, key, message())
+    with pytest.raises(InvalidKey):
+        await store.get_record(did, space, collection, key)
+    assert op_count(tmp_path) == before
+
+
+async def test_not_a_store(tmp_path: Path) -> None:
+    random_file = tmp_path / "random"
+    random_file.mkdir()
+    (random_file / DB_NAME).write_bytes(bytes(range(256)) * 64)
+
+    other_db = tmp_path / "other"
+    other_db.mkdir()
+    with sqlite3.connect(other_db / DB_NAME) as db:
+        db.execute("CREATE TABLE notes (body TEXT)")
+    db.close()
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("hello")
+
+    for path, bad in [
+        (random_file, random_file / DB_NAME),
+        (other_db, other_db / DB_NAME),
+        (a_file, a_file),
+    ]:
+        with pytest.raises(StoreError) as e:
+            await LocalStore.open(path)
+        text = str(e.value)
+        assert "\n" not in text and str(bad) in text and "not a turnd store" in text
+
+    # The other application's database is left as it was.
+    with sqlite3.connect(other_db / DB_NAME) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert db.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
+    db.close()
+
+
+async def test_reopen_keeps_records(tmp_path: Path) -> None:
+    async with LocalStore.open(tmp_path / "new" / "dir") as store:
+        await store.create_record(DID, SPACE, MESSAGE, "k", message())
+    store = await LocalStore.open(tmp_path / "new" / "dir")
+    try:
+        assert await store.get_record(DID, SPACE, MESSAGE, "k") is not None
+    finally:
+        await store.aclose()
+
+
+# --- blobs ----------------------------------------------------------------------------
+
+
+async def test_blobs(store: LocalStore, tmp_path: Path) -> None:
+    ref = await store.upload_blob(DID, b"\x89PNG...", "image/png")
+    cid = ref["ref"]["$link"]
+    assert ref == {"$type": "blob", "ref": {"$link": cid}, "mimeType": "image/png", "size": 7}
+    assert cid.startswith("bafkrei")
+    assert (tmp_path / "blobs" / cid).read_bytes() == b"\x89PNG..."
+    assert await store.get_blob(DID, cid) == b"\x89PNG..."
+    assert await store.upload_blob(DID, b"\x89PNG...", "image/png") == ref
+    with pytest.raises(BlobNotFound):
+        await store.get_blob("did:plc:bob", cid)
+    for bad in ["bafkreinothere2222222222222222222", "../store.sqlite3", ""]:
+        with pytest.raises(BlobNotFound):
+            await store.get_blob(DID, bad)
+
+
+# --- the change feed ---------------------------------------------------------------------
+
+
+async def test_feed_backfill_then_live(store: LocalStore) -> None:
+    await store.create_record(DID, SPACE, MESSAGE, "a", message("a"))
+    one = await store.put_record(DID, SPACE, MESSAGE, "a", message("a2"))
+    async with aclosing(store.changes()) as feed:
+        backfill = await take(feed, 2)
+        assert [(c.key, c.op, c.live) for c in backfill] == [
+            ("a", "create", False),
+            ("a", "update", False),
+        ]
+        assert backfill[1].cid == one.cid and backfill[1].record == one.value
+        assert backfill[1].did == DID and backfill[1].space == SPACE
+        assert backfill[1].collection == MESSAGE and backfill[1].error is None
+
+        await store.delete_record(DID, SPACE, MESSAGE, "a")
+        [deleted] = await take(feed, 1)
+        assert (deleted.op, deleted.live, deleted.cid, deleted.record) == (
+            "delete",
+            True,
+            None,
+            None,
+        )
+        assert int(deleted.cursor) > int(backfill[1].cursor)
+
+
+async def test_feed_resumes_from_its_cursor_exactly_once(store: LocalStore) -> None:
+    for i in range(30):
+        await store.create_record(DID, SPACE, MESSAGE, f"k{i:03}", message())
+    async with aclosing(store.changes()) as feed:
+        first = await take(feed, 12)
+    cursor = first[-1].cursor
+    for i in range(30, 40):
+        await store.create_record(DID, SPACE, MESSAGE, f"k{i:03}", message())
+    async with aclosing(store.changes(cursor)) as feed:
+        rest = await take(feed, 28)
+        async with anyio.create_task_group() as tg:
+            # Nothing more is pending: a further read only ends with the next write.
+            async def write_later() -> None:
+                await anyio.sleep(0.3)
+                await store.create_record(DID, SPACE, MESSAGE, "k040", message())
+
+            tg.start_soon(write_later)
+            [last] = await take(feed, 1)
+    keys = [c.key for c in first + rest + [last]]
+    assert keys == [f"k{i:03}" for i in range(41)]
+    assert len({c.cursor for c in first + rest + [last]}) == 41
+    assert not any(c.live for c in rest) and last.live
+
+
+async def test_feed_from_a_cursor_ahead_of_the_store(store: LocalStore) -> None:
+    with pytest.raises(StoreError, match="ahead"):
+        async with aclosing(store.changes("99")) as feed:
+            await take(feed, 1)
+    with pytest.raises(StoreError, match="cursor"):
+        async with aclosing(store.changes("nope")) as feed:
+            await take(feed, 1)
+
+
+async def test_feed_reports_invalid_stored_records(store: LocalStore, tmp_path: Path) -> None:
+    # Written behind the store's back, as an older version or another tool might.
+    with sqlite3.connect(tmp_path / DB_NAME) as db:
+        db.execute(
+            "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)",
+            (DID, SPACE, MESSAGE, "bad", "bafyreibad", json.dumps({"$type": MESSAGE, "role": 7})),
+        )
+    db.close()
+    async with aclosing(store.changes()) as feed:
+        [change] = await take(feed, 1)
+    assert change.key == "bad" and change.error
+    assert change.record == {"$type": MESSAGE, "role": 7}
+
+
+async def test_writes_in_this_process_wake_the_feed_at_once(tmp_path: Path) -> None:
+    # A poll interval far beyond the timeout: only the in-process wake-up can deliver,
+    # and it must reach a feed of another LocalStore on the same file.
+    async with (
+        LocalStore.open(tmp_path, poll_interval=60) as reader,
+        LocalStore.open(tmp_path, poll_interval=60) as writer,
+        aclosing(reader.changes()) as feed,
+    ):
+        got: list[Change] = []
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                got.extend(await take(feed, 1, within=2))
+
+            tg.start_soon(read)
+            await anyio.sleep(0.05)  # the feed is now waiting
+            start = time.perf_counter()
+            await writer.create_record(DID, SPACE, MESSAGE, "k", message())
+        assert got[0].key == "k" and got[0].live
+        assert time.perf_counter() - start < 0.1
+
+
+# --- several processes ---------------------------------------------------------------
+
+
+def _race_worker(root: str, keys: list[str], barrier: Any, results: Any) -> None:
+    async def main() -> list[str]:
+        won = []
+        async with LocalStore.open(root) as store:
+            await anyio.to_thread.run_sync(barrier.wait)
+            for key in keys:
+                try:
+                    await store.create_record(DID, SPACE, MESSAGE, key, message(key))
+                except RecordExists:
+                    continue
+                won.append(key)
+        return won
+
+    results.put(anyio.run(main))
+
+
+def _write_worker(root: str, key: str, results: Any) -> None:
+    async def main() -> float:
+        async with LocalStore.open(root) as store:
+            await anyio.sleep(0.3)  # let the reader settle at the head
+            await store.create_record(DID, SPACE, MESSAGE, key, message())
+            return time.time()
+
+    results.put(anyio.run(main))
+
+
+@pytest.mark.reliability
+async def test_two_processes_race_create_record(tmp_path: Path) -> None:
+    keys = [f"k{i:04}" for i in range(1000)]
+    async with LocalStore.open(tmp_path):  # both children find the store made
+        pass
+    barrier, results = _spawn.Barrier(2), _spawn.Queue()
+    procs = [
+        _spawn.Process(target=_race_worker, args=(str(tmp_path), keys, barrier, results))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    won = [await anyio.to_thread.run_sync(results.get, True, 120) for _ in procs]
+    for p in procs:
+        await anyio.to_thread.run_sync(p.join, 30)
+        assert p.exitcode == 0
+    winners = won[0] + won[1]
+    assert len(winners) == 1000 and set(winners) == set(keys)
+    assert min(len(w) for w in won) > 0, "the processes did not overlap"
+    async with LocalStore.open(tmp_path) as store:
+        page, _ = await store.list_records(DID, SPACE, MESSAGE, limit=2000)
+        assert [r.key for r in page] == keys
+    assert op_count(tmp_path) == 1000
+
+
+@pytest.mark.reliability
+async def test_write_from_another_process_reaches_the_feed(tmp_path: Path) -> None:
+    async with LocalStore.open(tmp_path) as store, aclosing(store.changes()) as feed:
+        results = _spawn.Queue()
+        proc = _spawn.Process(target=_write_worker, args=(str(tmp_path), "k", results))
+        proc.start()
+        [change] = await take(feed, 1, within=60)
+        seen = time.time()
+        written = await anyio.to_thread.run_sync(results.get, True, 30)
+        await anyio.to_thread.run_sync(proc.join, 30)
+    assert change.key == "k" and change.live
+    assert seen - written < 1.0
