@@ -141,6 +141,9 @@ class Account:
     did: str | None
     password: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
+    # The names of the variables holding the secrets (shown in messages, never the values).
+    password_env: str | None = None
+    token_env: str | None = None
 
 
 @dataclass(slots=True)
@@ -170,7 +173,11 @@ class Config:
     @property
     def base_url(self) -> str:
         """How a client on this machine reaches turnd's HTTP server."""
-        return f"http://{_client_host(self.host)}:{self.port}"
+        return self.http_url()
+
+    def http_url(self, port: int | None = None) -> str:
+        """The URL for ``port`` (the bound one may differ when the config says port 0)."""
+        return f"http://{_client_host(self.host)}:{port or self.port}"
 
     def secrets(self) -> list[str]:
         """Every secret value in this config, for the log redaction filter."""
@@ -448,13 +455,8 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
     env: Mapping[str, str] | None = None,
-    create_account: bool = False,
 ) -> Config:
-    """Find, parse, override and validate the config. Raises :class:`ConfigError`.
-
-    ``create_account``: with a local store and no ``[accounts]``, make the first-start
-    account when it does not exist yet (``turnd serve``); otherwise it is only read.
-    """
+    """Find, parse, override and validate the config. Raises :class:`ConfigError`."""
     env = os.environ if env is None else env
     file_path, explicit = resolve_config_path(path)
     if file_path.is_file():
@@ -467,9 +469,7 @@ def load_config(
         data = embedded_defaults(env)
         config_path = None
         base_dir = Path.cwd()
-    return build_config(
-        data, env=env, path=config_path, base_dir=base_dir, create_account=create_account
-    )
+    return build_config(data, env=env, path=config_path, base_dir=base_dir)
 
 
 def build_config(
@@ -478,7 +478,6 @@ def build_config(
     env: Mapping[str, str],
     path: Path | None,
     base_dir: Path,
-    create_account: bool = False,
 ) -> Config:
     data = apply_env_overrides(data, env)
     try:
@@ -538,16 +537,22 @@ def build_config(
             )
         did = table.did or (local_did(table.handle) if store.kind == "local" else None)
         accounts.append(
-            Account(name=name, handle=table.handle, did=did, password=password, token=token)
+            Account(
+                name=name,
+                handle=table.handle,
+                did=did,
+                password=password,
+                token=token,
+                password_env=table.password_env,
+                token_env=table.token_env,
+            )
         )
 
     generated = False
     if not accounts and store.kind == "local":
-        # No account configured: the one generated on first start (SPEC §7 embedded defaults).
-        if create_account:
-            account, _ = ensure_credentials(store_path)
-        else:
-            account = read_credentials(store_path)
+        # No account configured: the one generated on first start (SPEC §7 embedded
+        # defaults); `turnd serve` makes it with ensure_credentials when it is missing.
+        account = read_credentials(store_path)
         if account is not None:
             accounts.append(account)
             generated = True
