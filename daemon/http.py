@@ -1,0 +1,497 @@
+"""The HTTP side server (SPEC §6): the /api routes, reply streams, health, metrics.
+
+Every /api route acts for the account its bearer token maps to; a conversation
+is looked up under that account's DID only, so somebody else's conversation is
+indistinguishable from a missing one (404). Every error is ``{error, message}``:
+bad input is a 4xx naming the field, never a 500 and never a half-written
+record, because the engine validates a record before it writes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import recordstore
+from daemon import xrpc
+from daemon.auth import bearer_token
+from recordstore import keys
+
+log = logging.getLogger("turnd.http")
+
+__all__ = ["JSON_BODY_LIMIT", "create_app"]
+
+WEB_DIR = Path(__file__).parent / "web"
+# JSON bodies: a record write is at most 1,000,000 bytes on a PDS, plus its envelope.
+JSON_BODY_LIMIT = 1_048_576
+MAX_IMAGE_BYTES = 20_000_000  # the lexicon's imagePart.image maxSize
+MAX_FILE_BYTES = 50_000_000  # and filePart.file's
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
+DEFS = "network.sharedcomputer.chat.defs"
+_BLOB_PATHS = frozenset({"/api/attachments", "/xrpc/com.atproto.repo.uploadBlob"})
+_ERROR_NAMES = {
+    400: "InvalidRequest",
+    401: "AuthRequired",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    413: "PayloadTooLarge",
+    415: "UnsupportedMediaType",
+    422: "InvalidRequest",
+    503: "Unavailable",
+}
+
+
+# -- request bodies ------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    # An unknown field is a mistake the client should hear about (422 naming it).
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(_Body):
+    provider: str = Field(min_length=1, max_length=128)
+    id: str = Field(min_length=1, max_length=256)
+
+
+Effort = Literal["none", "low", "medium", "high", "max"]
+
+
+class GenerationRequest(_Body):
+    model: ModelRef | None = None
+    effort: Effort | None = None
+    attempt: int = Field(default=0, ge=0, le=1000)
+    tools: list[str] | None = Field(default=None, max_length=64)
+
+
+class NewConversation(_Body):
+    title: str | None = Field(default=None, max_length=3000)
+    systemPrompt: str | None = Field(default=None, max_length=100_000)
+
+
+class NewMessage(_Body):
+    parent: str | None = None
+    # The parts are checked by the lexicon validator, which names the bad field.
+    parts: list[dict[str, Any]] = Field(max_length=1000)
+    generation: GenerationRequest | None = None
+
+
+class Regenerate(_Body):
+    model: ModelRef | None = None
+    effort: Effort | None = None
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _error(status: int, message: str, error: str | None = None, **headers: str) -> JSONResponse:
+    name = error or _ERROR_NAMES.get(status, "InternalServerError" if status >= 500 else "Error")
+    return JSONResponse({"error": name, "message": message}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def validation(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return _error(422, _validation_message(exc))
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        return _error(exc.status_code, str(exc.detail), **(exc.headers or {}))
+
+    async def store_error(_: Request, exc: Exception) -> Response:
+        if isinstance(exc, recordstore.InvalidRecord):
+            return _error(400, str(exc), "InvalidRecord")
+        if isinstance(exc, recordstore.InvalidKey):
+            return _error(400, str(exc), "InvalidKey")
+        if isinstance(exc, recordstore.RecordNotFound | recordstore.BlobNotFound):
+            return _error(404, str(exc) or "not found")
+        if isinstance(exc, recordstore.RecordExists | recordstore.InvalidSwap):
+            return _error(409, str(exc))
+        return _error(400, str(exc), "StoreError")
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        # The message of an unexpected error may hold anything: it goes to the log only.
+        log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal error")
+
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(recordstore.StoreError, store_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+# -- body size -------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Refuses request bodies over the limit (413) without reading them whole.
+
+    A declared Content-Length over the limit is answered at once; a chunked body
+    is counted as it is received and the read fails at the first byte over. The
+    failure is an HTTPException, which FastAPI passes through its body parsing
+    (anything else there would become a 400) to the app's handler.
+    """
+
+    def __init__(self, app: ASGIApp, *, json_limit: int, blob_limit: int) -> None:
+        self.app = app
+        self.json_limit = json_limit
+        self.blob_limit = blob_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.blob_limit if scope["path"] in _BLOB_PATHS else self.json_limit
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            response = _error(413, f"request body of {declared} bytes exceeds {limit} bytes")
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise HTTPException(413, f"request body exceeds {limit} bytes")
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+# -- the app -------------------------------------------------------------------------------------
+
+
+def _config(service: Any, name: str, default: Any) -> Any:
+    return getattr(getattr(service, "config", None), name, default)
+
+
+def create_app(service: Any) -> FastAPI:
+    """The side server for ``service`` (a :class:`daemon.service.Service`)."""
+    app = FastAPI(
+        title="turnd",
+        summary="LLM chat turns stored as AT Protocol records",
+        version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
+    )
+    _install_error_handlers(app)
+    app.state.service = service
+    app.include_router(api)
+    _add_ops_routes(app, service)
+    if _config(service, "store_kind", "local") == "local":
+        app.include_router(xrpc.router(service))
+    try:
+        from daemon import echo
+    except ImportError:  # pragma: no cover - echo is part of the daemon package
+        pass
+    else:
+        app.include_router(echo.router())
+
+    blob_limit = int(_config(service, "max_body_bytes", 52_428_800))
+    app.add_middleware(
+        BodyLimit, json_limit=min(JSON_BODY_LIMIT, blob_limit), blob_limit=blob_limit
+    )
+    origins = list(_config(service, "cors_origins", []))
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Filename", "Last-Event-ID"],
+        )
+    # Mounted last: "/" would otherwise shadow every route after it.
+    if _config(service, "web", True) and WEB_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
+    return app
+
+
+def _add_ops_routes(app: FastAPI, service: Any) -> None:
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> Response:
+        store_ok = await _store_up(service)
+        feed_ok = bool(getattr(service, "feed_up", False))
+        body = {"store": store_ok, "changeFeed": feed_ok}
+        if store_ok and feed_ok:
+            return JSONResponse({"status": "ok", **body})
+        down = " and ".join(
+            n for n, ok in (("store", store_ok), ("change feed", feed_ok)) if not ok
+        )
+        return JSONResponse(
+            {"error": "Unavailable", "message": f"{down} down", **body}, status_code=503
+        )
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _store_up(service: Any) -> bool:
+    """A cheap read through the store: it answers within two seconds."""
+    did = next((a.did for a in service.accounts if a.did), None)
+    if did is None:
+        return True  # no account to read for; nothing says the store is down
+    with anyio.move_on_after(2):
+        try:
+            await service.store.get_record(
+                did, recordstore.SETTINGS_SPACE, recordstore.PREFERENCES, "self"
+            )
+        except Exception:
+            log.warning("health check: the store failed a read", exc_info=True)
+            return False
+        return True
+    return False
+
+
+# -- /api ------------------------------------------------------------------------------------
+# Route functions live at module level so their annotations resolve; the service they
+# act on is the app's (``app.state.service``), set by create_app.
+
+
+@dataclass(frozen=True, slots=True)
+class _Conversation:
+    did: str
+    skey: str
+    info: recordstore.Record
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamSource:
+    after: int
+    buffer: Any  # turns.streams.StreamBuffer | None
+    stored: dict[str, Any] | None
+
+
+def _service(request: Request) -> Any:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[Any, Depends(_service)]
+
+
+async def _account(request: Request, service: ServiceDep) -> Any:
+    token = bearer_token(request)
+    found = service.account_for_token(token) if token else None
+    if found is None or not found.did:
+        raise HTTPException(
+            401,
+            "a valid 'Authorization: Bearer <token>' is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return found
+
+
+AccountDep = Annotated[Any, Depends(_account)]
+
+
+async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> _Conversation:
+    keys.validate_space_key(skey)
+    info = await service.store.get_record(acct.did, skey, recordstore.INFO, "self")
+    if info is None:
+        raise HTTPException(404, f"no conversation {skey}")
+    return _Conversation(acct.did, skey, info)
+
+
+ConversationDep = Annotated[_Conversation, Depends(_conversation)]
+
+api = APIRouter(prefix="/api", tags=["api"])
+
+
+@api.post("/conversations", status_code=201)
+async def create_conversation(
+    body: NewConversation, acct: AccountDep, service: ServiceDep
+) -> dict[str, str]:
+    skey = await service.engine.create_conversation(
+        acct.did, title=body.title, system_prompt=body.systemPrompt
+    )
+    return {"skey": skey}
+
+
+@api.get("/conversations")
+async def list_conversations(acct: AccountDep, service: ServiceDep) -> dict[str, Any]:
+    return {"conversations": await _conversations(service.store, acct.did)}
+
+
+@api.get("/conversations/{skey}")
+async def get_conversation(conv: ConversationDep, service: ServiceDep) -> dict[str, Any]:
+    records = await _all_records(service.store, conv.did, conv.skey, recordstore.MESSAGE)
+    records.sort(key=lambda r: keys.message_sort_key(r.key))
+    return {
+        "info": conv.info.value,
+        "messages": [{"key": r.key, "cid": r.cid, "value": r.value} for r in records],
+    }
+
+
+@api.post("/conversations/{skey}/messages", status_code=201)
+async def post_message(
+    conv: ConversationDep, body: NewMessage, service: ServiceDep
+) -> dict[str, Any]:
+    generation = body.generation.model_dump(exclude_none=True) if body.generation else None
+    result = await service.engine.post_message(
+        conv.did, conv.skey, parent=body.parent, parts=body.parts, generation=generation
+    )
+    return {"userKey": result.user_key, "replyKey": result.reply_key, "turn": result.turn}
+
+
+@api.post("/conversations/{skey}/messages/{key}/regenerate")
+async def regenerate(
+    conv: ConversationDep, key: str, service: ServiceDep, body: Regenerate | None = None
+) -> dict[str, Any]:
+    body = body or Regenerate()
+    keys.validate_key(key)
+    reply_key, turn = await service.engine.regenerate(
+        conv.did,
+        conv.skey,
+        key,
+        model=body.model.model_dump() if body.model else None,
+        effort=body.effort,
+    )
+    return {"replyKey": reply_key, "turn": turn}
+
+
+@api.post("/conversations/{skey}/messages/{replyKey}/cancel")
+async def cancel(
+    conv: ConversationDep,
+    replyKey: str,  # noqa: N803 - the SPEC's name, shown in the OpenAPI document
+    service: ServiceDep,
+) -> dict[str, bool]:
+    keys.validate_key(replyKey)
+    return {"cancelled": bool(await service.engine.cancel(conv.did, conv.skey, replyKey))}
+
+
+async def _stream_source(
+    skey: str,
+    replyKey: str,  # noqa: N803
+    acct: AccountDep,
+    service: ServiceDep,
+    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
+    lastEventId: Annotated[int | None, Query(ge=0)] = None,  # noqa: N803 - for fetch readers
+) -> _StreamSource:
+    # Resolved before the response starts, so a missing reply is a real 404.
+    keys.validate_space_key(skey)
+    keys.validate_key(replyKey)
+    after = last_event_id if last_event_id is not None else (lastEventId or 0)
+    buffer = service.engine.stream(acct.did, skey, replyKey)
+    if buffer is not None:
+        return _StreamSource(after, buffer, None)
+    rec = await service.store.get_record(acct.did, skey, recordstore.MESSAGE, replyKey)
+    if rec is None or rec.value.get("role") != "assistant":
+        raise HTTPException(404, f"no reply {replyKey} in conversation {skey}")
+    return _StreamSource(after, None, _stored_status(rec.value))
+
+
+@api.get("/conversations/{skey}/messages/{replyKey}/stream", response_class=EventSourceResponse)
+async def stream(
+    source: Annotated[_StreamSource, Depends(_stream_source)],
+) -> AsyncIterator[ServerSentEvent]:
+    # The turn runs in the engine, not in this request: a subscriber that goes away
+    # ends only this generator. fastapi.sse adds a ": ping" comment every 15 s idle.
+    if source.buffer is None:
+        # Not running here: one status from the stored record. Its id follows the
+        # client's, so a reconnecting EventSource keeps counting up.
+        yield ServerSentEvent(event="status", data=source.stored, id=str(source.after + 1))
+        return
+    async for ev in source.buffer.events(source.after):
+        yield ServerSentEvent(event=ev.event, raw_data=ev.data, id=str(ev.id))
+
+
+@api.post("/attachments")
+async def attachments(
+    request: Request,
+    acct: AccountDep,
+    service: ServiceDep,
+    content_type: Annotated[str | None, Header()] = None,
+    x_filename: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    data = await request.body()
+    if not data:
+        raise HTTPException(400, "the request body (the file) is empty")
+    mime = xrpc.sniff_mime(data, content_type)
+    if mime in IMAGE_TYPES:
+        _check_size(len(data), MAX_IMAGE_BYTES, "an image")
+        blob = await service.store.upload_blob(acct.did, data, mime)
+        return {"part": {"$type": f"{DEFS}#imagePart", "image": blob}}
+    _check_size(len(data), MAX_FILE_BYTES, "a file")
+    blob = await service.store.upload_blob(acct.did, data, mime)
+    part: dict[str, Any] = {"$type": f"{DEFS}#filePart", "file": blob}
+    if x_filename:
+        # Non-ASCII names travel percent-encoded: HTTP headers are Latin-1.
+        part["name"] = unquote(x_filename)[:1024]
+    return {"part": part}
+
+
+def _stored_status(value: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": value.get("status", "complete")}
+    for field in ("error", "usage", "model"):
+        if field in value:
+            out[field] = value[field]
+    return out
+
+
+def _check_size(size: int, limit: int, what: str) -> None:
+    if size > limit:
+        raise HTTPException(413, f"{what} may be at most {limit} bytes, got {size}")
+
+
+async def _all_records(
+    store: recordstore.RecordStore, did: str, space: str, collection: str
+) -> list[recordstore.Record]:
+    out: list[recordstore.Record] = []
+    cursor: str | None = None
+    while True:
+        page, cursor = await store.list_records(did, space, collection, cursor=cursor, limit=100)
+        out.extend(page)
+        if cursor is None:
+            return out
+
+
+async def _conversations(store: recordstore.RecordStore, did: str) -> list[dict[str, Any]]:
+    """The conversationRef index, newest first; a missing title is read from ``info``."""
+    refs = await _all_records(store, did, recordstore.SETTINGS_SPACE, recordstore.CONVERSATION_REF)
+    out = []
+    for ref in refs:
+        title = ref.value.get("title")
+        if title is None and ":" not in ref.key:
+            info = await store.get_record(did, ref.key, recordstore.INFO, "self")
+            title = info.value.get("title") if info else None
+        out.append({"skey": ref.key, "title": title, "updatedAt": ref.value.get("updatedAt")})
+    out.sort(key=lambda c: (c["updatedAt"] or "", c["skey"]), reverse=True)
+    return out

@@ -1,0 +1,176 @@
+"""The whole daemon on loopback, for the HTTP, SSE and XRPC tests.
+
+``running_daemon`` starts the real :class:`daemon.service.Service` (local store
+in a tmp dir, state file, engine, change feed, uvicorn) on a free port, with the
+fake model server as its only provider, and hands back an httpx client pointed
+at it. Two accounts: alice and bob, each with a password and an /api token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from daemon.config import build_config, local_did
+from daemon.service import Service
+from tests.fakemodel import FakeModel
+
+ALICE_TOKEN = "alice-api-token-0123456789"
+BOB_TOKEN = "bob-api-token-0123456789"
+ALICE_PASSWORD = "alice-password-xyz"
+BOB_PASSWORD = "bob-password-xyz"
+ALICE = local_did("alice.test")
+BOB = local_did("bob.test")
+TEXT = "network.sharedcomputer.chat.defs#textPart"
+MESSAGE = "network.sharedcomputer.chat.message"
+INFO = "network.sharedcomputer.chat.info"
+
+_ENV = {
+    "T_ALICE_PASSWORD": ALICE_PASSWORD,
+    "T_ALICE_TOKEN": ALICE_TOKEN,
+    "T_BOB_PASSWORD": BOB_PASSWORD,
+    "T_BOB_TOKEN": BOB_TOKEN,
+    "T_FAKE_KEY": "sk-test-fake",
+}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"$type": TEXT, "text": text}
+
+
+@dataclass
+class Daemon:
+    service: Service
+    http: httpx.AsyncClient  # authenticated as alice
+    base_url: str
+    fake: FakeModel
+
+    def client(self, token: str | None = ALICE_TOKEN) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=10)
+
+    async def conversation(self, **body: Any) -> str:
+        r = await self.http.post("/api/conversations", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()["skey"]
+
+    async def post(self, skey: str, text: str, **body: Any) -> dict[str, Any]:
+        r = await self.http.post(
+            f"/api/conversations/{skey}/messages", json={"parts": [text_part(text)], **body}
+        )
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    async def record(self, skey: str, key: str, did: str = ALICE) -> dict[str, Any] | None:
+        rec = await self.service.store.get_record(did, skey, MESSAGE, key)
+        return rec.value if rec else None
+
+    async def final(self, skey: str, key: str, timeout: float = 10) -> dict[str, Any]:
+        """The reply record once its status is no longer pending."""
+        with anyio.fail_after(timeout):
+            while True:
+                value = await self.record(skey, key)
+                if value is not None and value.get("status") not in (None, "pending"):
+                    return value
+                await anyio.sleep(0.02)
+
+    async def store_keys(self, did: str = ALICE) -> set[tuple[str, str, str]]:
+        """Every (space, collection, key) of ``did``, read straight from the store's file."""
+        path = self.service.config.store_path / "store.sqlite3"
+
+        def read() -> set[tuple[str, str, str]]:
+            import sqlite3
+
+            with sqlite3.connect(path) as db:
+                rows = db.execute(
+                    "SELECT space, collection, key FROM records WHERE did = ?", (did,)
+                ).fetchall()
+            return {tuple(r) for r in rows}  # type: ignore[misc]
+
+        return await anyio.to_thread.run_sync(read)
+
+
+def daemon_config(tmp: Path, fake: FakeModel, **tables: dict[str, Any]) -> Any:
+    data: dict[str, Any] = {
+        "store": {"kind": "local", "path": str(tmp / "data")},
+        "http": {"listen": "127.0.0.1:8787", **tables.pop("http", {})},
+        "models": {"default": "fake:fake-model"},
+        "turns": {"retries": 0, **tables.pop("turns", {})},
+        "providers": {"fake": {"base_url": fake.base_url, "api_key_env": "T_FAKE_KEY"}},
+        "accounts": {
+            "alice": {
+                "handle": "alice.test",
+                "password_env": "T_ALICE_PASSWORD",
+                "token_env": "T_ALICE_TOKEN",
+            },
+            "bob": {
+                "handle": "bob.test",
+                "password_env": "T_BOB_PASSWORD",
+                "token_env": "T_BOB_TOKEN",
+            },
+        },
+        **tables,
+    }
+    config = build_config(data, env=_ENV, path=None, base_dir=tmp)
+    config.port = 0  # the service binds a free port and reports it as service.port
+    return config
+
+
+@asynccontextmanager
+async def running_daemon(
+    tmp: Path, fake: FakeModel, **tables: dict[str, Any]
+) -> AsyncIterator[Daemon]:
+    service = Service(daemon_config(tmp, fake, **tables))
+    ready = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(service.run, on_ready=lambda _: ready.set()))
+        with anyio.fail_after(15):
+            await ready.wait()
+        base_url = f"http://127.0.0.1:{service.port}"
+        headers = {"Authorization": f"Bearer {ALICE_TOKEN}"}
+        try:
+            async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10) as http:
+                yield Daemon(service, http, base_url, fake)
+        finally:
+            service.request_stop()
+
+
+async def sse_events(
+    response: httpx.Response, *, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Parse ``text/event-stream`` lines as a browser does, until the stream ends.
+
+    Each event is ``{"id", "event", "data"}`` with ``data`` decoded from JSON; comment
+    lines are collected as ``{"comment": ...}``. Stops after ``limit`` events.
+    """
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data or current:
+                if data:
+                    current["data"] = json.loads("\n".join(data))
+                events.append(current)
+                current, data = {}, []
+                if limit is not None and sum(1 for e in events if "comment" not in e) >= limit:
+                    break
+            continue
+        if line.startswith(":"):
+            events.append({"comment": line[1:].strip()})
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name in ("id", "event", "retry"):
+            current[name] = value
+    return [e for e in events if e]
