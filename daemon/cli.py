@@ -591,7 +591,8 @@ async def _check_provider(config: Config, provider: Any) -> tuple[bool, str, str
         await client.close()
     missing = [m for m in provider.models if m not in ids]
     note = f"; not listed: {', '.join(missing)}" if missing else ""
-    return True, "provider", f"{name} {where}: {len(ids)} models{note}"
+    count = f"{len(ids)} model" + ("" if len(ids) == 1 else "s")
+    return True, "provider", f"{name} {where}: {count}{note}"
 
 
 # -- argparse ----------------------------------------------------------------------------

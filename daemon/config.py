@@ -217,11 +217,13 @@ def _client_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def resolve_config_path(cli_path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
+def resolve_config_path(
+    cli_path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> tuple[Path, bool]:
     """The config file to read and whether it was named explicitly (flag or env)."""
     if cli_path:
         return Path(cli_path), True
-    env = os.environ.get("TURND_CONFIG")
+    env = (os.environ if env is None else env).get("TURND_CONFIG")
     if env:
         return Path(env), True
     return Path("turnd.toml"), False
@@ -458,7 +460,7 @@ def load_config(
 ) -> Config:
     """Find, parse, override and validate the config. Raises :class:`ConfigError`."""
     env = os.environ if env is None else env
-    file_path, explicit = resolve_config_path(path)
+    file_path, explicit = resolve_config_path(path, env)
     if file_path.is_file():
         data = _read_file(file_path)
         config_path: Path | None = file_path.resolve()
