@@ -1,4 +1,4 @@
-pytest_plugins = ["tests.pdsfixture"]
+pytest_plugins = ["tests.pdsfixture", "tests.fakemodel"]
 
 import pytest  # noqa: E402
 

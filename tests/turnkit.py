@@ -1,0 +1,126 @@
+"""A turn engine on a real local store and the fake model server, for the turn tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from plugins import PluginSet
+from recordstore import CONVERSATION, MESSAGE, RecordStore
+from recordstore.local import LocalStore
+from tests.fakemodel import FakeModel
+from turns.engine import TurnEngine
+from turns.settings import Provider, TurnSettings
+from turns.state import StateDB
+
+API_KEY = "sk-test-SECRET-0123456789abcdef"
+DID = "did:plc:aliceaaaaaaaaaaaaaaaaaaa"
+OTHER_DID = "did:plc:bobbbbbbbbbbbbbbbbbbbbbb"
+TEXT = "network.sharedcomputer.chat.defs#textPart"
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"$type": TEXT, "text": text}
+
+
+@dataclass
+class Kit:
+    store: RecordStore
+    state: StateDB
+    engine: TurnEngine
+    fake: FakeModel
+    settings: TurnSettings
+    owners: dict[str, str] = field(default_factory=lambda: {DID: "alice"})
+
+    def set(self, **changes: Any) -> None:
+        """Change the turn settings; the next turn reads them."""
+        self.settings = replace(self.settings, **changes)
+
+    async def conversation(self, **info: Any) -> str:
+        return await self.engine.create_conversation(DID, **info)
+
+    async def reply(self, skey: str, reply_key: str, wait: float = 10) -> dict[str, Any]:
+        """The reply record once it is final."""
+        with anyio.fail_after(wait):
+            while True:
+                record = await self.store.get_record(DID, skey, MESSAGE, reply_key)
+                if record is not None and record.value.get("status") != "pending":
+                    return record.value
+                await anyio.sleep(0.01)
+
+    async def messages(self, skey: str) -> dict[str, dict[str, Any]]:
+        records, _ = await self.store.list_records(DID, skey, MESSAGE, limit=100)
+        return {r.key: r.value for r in records}
+
+    async def events(self, skey: str, reply_key: str, after: int = 0) -> list[tuple[int, str, Any]]:
+        buffer = self.engine.stream(DID, skey, reply_key)
+        assert buffer is not None, "this process is not running that reply"
+        out = []
+        with anyio.fail_after(10):
+            async for event in buffer.events(after):
+                out.append((event.id, event.event, json.loads(event.data)))
+        return out
+
+    async def feed(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """The change feed into the trigger rules, as the daemon wires it."""
+        task_status.started()
+        async for change in self.store.changes(None):
+            await self.engine.on_change(change, self.owners)
+
+
+@asynccontextmanager
+async def turn_kit(
+    tmp: Path,
+    fake: FakeModel,
+    *,
+    plugins: PluginSet | None = None,
+    settings: TurnSettings | None = None,
+    state_path: Path | None = None,
+    user_tools: dict[str, list[str]] | None = None,
+) -> AsyncIterator[Kit]:
+    providers = {
+        "fake": Provider("fake", fake.base_url, API_KEY, ()),
+        "other": Provider("other", fake.base_url, API_KEY, ()),
+    }
+    async with LocalStore.open(tmp / "data") as store:
+        state = await StateDB.open(state_path or tmp / "state.sqlite3")
+        kit: Kit
+        engine = TurnEngine(
+            store,
+            state,
+            lambda: kit.settings,
+            providers,
+            "fake:fake-model",
+            plugins,
+            user_tools=user_tools,
+        )
+        kit = Kit(store, state, engine, fake, settings or TurnSettings(retries=0))
+        try:
+            async with engine:
+                yield kit
+                await engine.shutdown(5)
+        finally:
+            await state.aclose()
+
+
+async def user_message(
+    store: RecordStore, skey: str, key: str, text: str, *, did: str = DID, **fields: Any
+) -> None:
+    """A direct write of a user message, as a stock atproto client would make it."""
+    from turns.engine import now_iso
+
+    value = {
+        "$type": MESSAGE,
+        "role": "user",
+        "content": {"$type": "network.sharedcomputer.chat.defs#plainContent", "parts": [text_part(text)]},
+        "createdAt": fields.pop("createdAt", None) or now_iso(),
+        **fields,
+    }
+    await store.create_space(did, CONVERSATION, skey)
+    await store.create_record(did, skey, MESSAGE, key, value)
