@@ -421,7 +421,7 @@ async def test_cancelling_ends_the_turn_with_cancelled_and_the_partial_parts(tmp
     async with turn_kit(tmp_path, fake) as kit:
         skey = await kit.conversation()
         posted = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("q")], generation={})
-        fake.wait_for_requests(1)
+        await anyio.to_thread.run_sync(fake.wait_for_requests, 1)
         await anyio.sleep(0.3)
         assert await kit.engine.cancel(DID, skey, posted.reply_key)
         final = await kit.reply(skey, posted.reply_key)

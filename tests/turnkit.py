@@ -104,7 +104,7 @@ async def turn_kit(
         try:
             async with engine:
                 yield kit
-                await engine.shutdown(5)
+                await engine.shutdown(1)
         finally:
             await state.aclose()
 

@@ -44,6 +44,8 @@ class RateLimiter:
                     if len(starts) < per_minute:
                         starts.append(now)
                         return
-                    await anyio.sleep(60.0 - (now - starts[0]) + 0.01)
+                    # Re-check at least every second: the window may be changed
+                    # by a config reload.
+                    await anyio.sleep(min(60.0 - (now - starts[0]) + 0.01, 1.0))
         finally:
             self.waiting -= 1
