@@ -1,0 +1,425 @@
+"""The pds backend against the reference PDS: the same behaviours as the local store."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import pytest
+from atproto import AsyncClient
+
+from recordstore import (
+    INFO,
+    MESSAGE,
+    BlobNotFound,
+    Change,
+    InvalidKey,
+    InvalidRecord,
+    InvalidSwap,
+    RecordExists,
+    StoreError,
+)
+from recordstore.cid import record_cid
+from recordstore.firehose import decode_cursor
+from recordstore.keys import new_tid
+from recordstore.pds import PdsAccount, PdsStore
+from tests.pdsfixture import Account, PdsServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pds]
+
+SPACE = "3m2a4b5c6d7e2"
+MINIMAL_CID = "bafyreidlpnm5ajxotpgxx4ob3t2d2ujwczow3lvpfzhzazo4ehjba6hbce"
+
+
+def message(text: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {
+        "$type": MESSAGE,
+        "role": "user",
+        "content": {
+            "$type": "network.sharedcomputer.chat.defs#plainContent",
+            "parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": text}],
+        },
+        "createdAt": "2026-01-01T00:00:00.000Z",
+        **extra,
+    }
+
+
+def account_of(pds: PdsServer, acct: Account) -> PdsAccount:
+    return PdsAccount(identifier=acct.handle, password=acct.app_password, service=pds.url)
+
+
+@pytest.fixture
+async def store(pds: PdsServer, pds_account: Account) -> AsyncIterator[PdsStore]:
+    async with await PdsStore.open([account_of(pds, pds_account)], sweep_interval=0.5) as s:
+        yield s
+
+
+@pytest.fixture
+def did(pds_account: Account) -> str:
+    return pds_account.did
+
+
+async def direct_client(pds: PdsServer, acct: Account) -> AsyncClient:
+    """The stock SDK, as a direct-PDS client would use it."""
+    client = AsyncClient(pds.url)
+    await client.login(acct.handle, acct.password, fetch_bsky_profile=False)
+    return client
+
+
+async def take(feed: AsyncIterator[Change], n: int, within: float = 10.0) -> list[Change]:
+    out: list[Change] = []
+    with anyio.fail_after(within):
+        async for change in feed:
+            out.append(change)
+            if len(out) == n:
+                break
+    return out
+
+
+async def start(feed: AsyncIterator[Change], store: PdsStore, did: str) -> Change:
+    """Start a feed (a generator runs from its first read) and read past a marker."""
+    marker = await store.create_record(did, "0start", MESSAGE, new_tid(), message())
+    with anyio.fail_after(10):
+        async for change in feed:
+            if change.space == "0start" and change.key == marker.key:
+                return change
+    raise AssertionError("the feed ended")
+
+
+# --- records -------------------------------------------------------------------------------
+
+
+async def test_create_get_and_cid_as_a_pds(store: PdsStore, did: str) -> None:
+    without_type = {k: v for k, v in message().items() if k != "$type"}
+    rec = await store.create_record(did, SPACE, MESSAGE, "k1", without_type)
+    assert rec.cid == MINIMAL_CID
+    assert rec.value["$type"] == MESSAGE
+    assert await store.get_record(did, SPACE, MESSAGE, "k1") == rec
+    assert await store.get_record(did, SPACE, MESSAGE, "k2") is None
+
+
+async def test_create_is_create_only(store: PdsStore, did: str) -> None:
+    first = await store.create_record(did, SPACE, MESSAGE, "k", message("one"))
+    # The PDS answers this with a bare 500; the read-back shows another CID: taken.
+    with pytest.raises(RecordExists):
+        await store.create_record(did, SPACE, MESSAGE, "k", message("two"))
+    assert await store.get_record(did, SPACE, MESSAGE, "k") == first
+    # The same bytes again read back as our own write (a create whose answer was lost):
+    # why racing writers must never write byte-identical records.
+    assert await store.create_record(did, SPACE, MESSAGE, "k", message("one")) == first
+
+
+async def test_put_and_swap(store: PdsStore, did: str) -> None:
+    with pytest.raises(InvalidSwap):  # a swap on an absent record is a mismatch
+        await store.put_record(did, SPACE, MESSAGE, "k", message(), swap_cid=record_cid(message()))
+    assert await store.get_record(did, SPACE, MESSAGE, "k") is None
+    one = await store.put_record(did, SPACE, MESSAGE, "k", message("one"))
+    with pytest.raises(InvalidSwap):
+        await store.put_record(
+            did, SPACE, MESSAGE, "k", message("two"), swap_cid=record_cid(message("x"))
+        )
+    two = await store.put_record(did, SPACE, MESSAGE, "k", message("two"), swap_cid=one.cid)
+    assert await store.get_record(did, SPACE, MESSAGE, "k") == two
+
+
+async def test_delete(store: PdsStore, did: str) -> None:
+    rec = await store.create_record(did, SPACE, MESSAGE, "k", message())
+    with pytest.raises(InvalidSwap):
+        await store.delete_record(did, SPACE, MESSAGE, "k", swap_cid=record_cid(message("x")))
+    assert await store.get_record(did, SPACE, MESSAGE, "k") is not None
+    await store.delete_record(did, SPACE, MESSAGE, "k", swap_cid=rec.cid)
+    assert await store.get_record(did, SPACE, MESSAGE, "k") is None
+    await store.delete_record(did, SPACE, MESSAGE, "k")
+    await store.delete_record(did, SPACE, MESSAGE, "k", swap_cid=rec.cid)
+    await store.create_record(did, SPACE, MESSAGE, "k", message())  # the key is free again
+
+
+async def test_list_records_order_and_pages(store: PdsStore, did: str) -> None:
+    keys = [new_tid() for _ in range(7)]
+    for k in reversed(keys):
+        await store.create_record(did, SPACE, MESSAGE, k, message(k))
+    await store.create_record(did, SPACE, INFO, "self", {"createdAt": "2026-01-01T00:00:00.000Z"})
+    # Neighbouring spaces on both sides of SPACE's key range.
+    await store.create_record(did, "3m2a4b5c6d7e3", MESSAGE, keys[0], message())
+    await store.create_record(did, "3m2a4b5c6d7e", MESSAGE, "zzz", message())
+
+    page, cursor = await store.list_records(did, SPACE, MESSAGE)
+    assert [r.key for r in page] == keys and cursor is None
+    assert all(r.space == SPACE and r.did == did for r in page)
+
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = await store.list_records(did, SPACE, MESSAGE, cursor=cursor, limit=3)
+        seen += [r.key for r in page]
+        if cursor is None:
+            break
+        assert len(page) == 3
+    assert seen == keys
+
+    page, cursor = await store.list_records(did, SPACE, MESSAGE, reverse=True, limit=4)
+    assert [r.key for r in page] == keys[::-1][:4]
+    page, cursor = await store.list_records(did, SPACE, MESSAGE, reverse=True, cursor=cursor)
+    assert [r.key for r in page] == keys[::-1][4:] and cursor is None
+
+    page, _ = await store.list_records(did, SPACE, INFO)
+    assert [r.key for r in page] == ["self"]
+    assert await store.list_records(did, "3m2a4b5c6d7e4", MESSAGE) == ([], None)
+
+
+async def test_list_records_beyond_one_pds_page(store: PdsStore, did: str) -> None:
+    keys = [f"k{i:04}" for i in range(130)]
+    async with anyio.create_task_group() as tg:
+        for k in keys:
+            tg.start_soon(store.create_record, did, SPACE, MESSAGE, k, message(k))
+    page, cursor = await store.list_records(did, SPACE, MESSAGE, limit=1000)
+    assert [r.key for r in page] == keys and cursor is None
+    page, cursor = await store.list_records(did, SPACE, MESSAGE, limit=120)
+    assert [r.key for r in page] == keys[:120] and cursor == keys[119]
+
+
+async def test_refusals_write_nothing(store: PdsStore, did: str) -> None:
+    with pytest.raises(InvalidRecord):
+        await store.create_record(did, SPACE, MESSAGE, "k", {"role": "user"})
+    with pytest.raises(InvalidRecord):
+        await store.create_record(did, SPACE, MESSAGE, "k", message(score=1.5))
+    with pytest.raises(InvalidKey):
+        await store.create_record(did, "a:b", MESSAGE, "k", message())
+    with pytest.raises(StoreError, match="not an account"):
+        await store.create_record("did:plc:nobody", SPACE, MESSAGE, "k", message())
+    assert await store.get_record(did, SPACE, MESSAGE, "k") is None
+
+
+async def test_blobs(store: PdsStore, did: str) -> None:
+    ref = await store.upload_blob(did, b"\x89PNG...", "image/png")
+    cid = ref["ref"]["$link"]
+    assert ref == {"$type": "blob", "ref": {"$link": cid}, "mimeType": "image/png", "size": 7}
+    assert cid.startswith("bafkrei")
+    # The reference PDS keeps a blob no record references as temporary; a record makes it
+    # permanent, and readable with getBlob.
+    value = message()
+    value["content"]["parts"].append(
+        {"$type": "network.sharedcomputer.chat.defs#imagePart", "image": ref}
+    )
+    await store.create_record(did, SPACE, MESSAGE, "with-image", value)
+    assert await store.get_blob(did, cid) == b"\x89PNG..."
+    with pytest.raises(BlobNotFound):
+        await store.get_blob(did, "bafkreinothere2222222222222222222")
+
+
+async def test_session_logs_in_again_when_its_tokens_are_gone(store: PdsStore, did: str) -> None:
+    s = (await store._session_for(did)).client
+    session = s._session
+    assert session is not None
+    # Revoke the refresh token, then spoil the access token's signature.
+    await s.com.atproto.server.delete_session(
+        headers={"Authorization": f"Bearer {session.refresh_jwt}"}
+    )
+    head, payload, _ = session.access_jwt.split(".")
+    session.access_jwt = f"{head}.{payload}.AAAA"
+    rec = await store.create_record(did, SPACE, MESSAGE, "after", message())
+    assert (await store.get_record(did, SPACE, MESSAGE, "after")) == rec
+
+
+# --- the change feed -------------------------------------------------------------------------
+
+
+async def test_feed_from_start_then_a_direct_write_live(
+    pds: PdsServer, pds_account: Account, store: PdsStore, did: str
+) -> None:
+    await store.create_record(did, SPACE, MESSAGE, "a", message("a"))
+    two = await store.put_record(did, SPACE, MESSAGE, "b", message("b"))
+    direct = await direct_client(pds, pds_account)
+    async with aclosing(store.changes()) as feed:
+        backfill = await take(feed, 2)
+        assert sorted((c.key, c.op, c.live) for c in backfill) == [
+            ("a", "create", False),
+            ("b", "create", False),
+        ]
+        b = next(c for c in backfill if c.key == "b")
+        assert (b.cid, b.record, b.did, b.space, b.error) == (two.cid, two.value, did, SPACE, None)
+
+        # A stock-SDK write lands in the feed within a second, as live.
+        t0 = time.monotonic()
+        out = await direct.com.atproto.repo.create_record(
+            {"repo": did, "collection": MESSAGE, "rkey": f"{SPACE}:direct", "record": message()}
+        )
+        [seen] = await take(feed, 1, within=1.0)
+        assert time.monotonic() - t0 < 1.0
+        assert (seen.key, seen.op, seen.live, seen.cid) == ("direct", "create", True, out.cid)
+
+        await direct.com.atproto.repo.delete_record(
+            {"repo": did, "collection": MESSAGE, "rkey": f"{SPACE}:direct"}
+        )
+        [gone] = await take(feed, 1)
+        assert (gone.key, gone.op, gone.cid, gone.record, gone.live) == (
+            "direct",
+            "delete",
+            None,
+            None,
+            True,
+        )
+        # Records outside the layout or the chat collections are not reported.
+        await direct.com.atproto.repo.create_record(
+            {"repo": did, "collection": MESSAGE, "rkey": "nospace", "record": message()}
+        )
+        await direct.com.atproto.repo.create_record(
+            {
+                "repo": did,
+                "collection": "app.example.thing",
+                "rkey": f"{SPACE}:x",
+                "record": {"$type": "app.example.thing"},
+            }
+        )
+        await store.create_record(did, SPACE, MESSAGE, "c", message("c"))
+        [c] = await take(feed, 1)
+        assert c.key == "c"
+
+
+async def test_feed_resumes_from_its_cursor_exactly_once(store: PdsStore, did: str) -> None:
+    async with aclosing(store.changes()) as feed:
+        await start(feed, store, did)
+        for i in range(12):
+            await store.create_record(did, SPACE, MESSAGE, f"k{i:03}", message())
+        first = await take(feed, 12)
+    cursor = first[-1].cursor
+    assert first[-1].live
+    for i in range(12, 30):
+        await store.create_record(did, SPACE, MESSAGE, f"k{i:03}", message())
+    async with aclosing(store.changes(cursor)) as feed:
+        rest = await take(feed, 18)
+        await store.create_record(did, SPACE, MESSAGE, "k030", message())
+        [last] = await take(feed, 1)
+        # Nothing else arrives: no repeats.
+        with anyio.move_on_after(1.0):
+            extra = await take(feed, 1)
+            pytest.fail(f"repeated: {extra}")
+    keys = [c.key for c in first + rest + [last]]
+    assert keys == [f"k{i:03}" for i in range(31)]
+    assert all(c.live for c in first)
+    assert not any(c.live for c in rest) and last.live
+    positions = [next(iter(decode_cursor(c.cursor).values())) for c in first + rest + [last]]
+    assert positions == sorted(positions) and len(set(positions)) == 31
+
+
+async def test_multi_op_commit_cursor_waits_for_its_last_op(
+    pds: PdsServer, pds_account: Account, store: PdsStore, did: str
+) -> None:
+    direct = await direct_client(pds, pds_account)
+    async with aclosing(store.changes()) as feed:
+        await start(feed, store, did)
+        await store.create_record(did, SPACE, MESSAGE, "before", message())
+        [before] = await take(feed, 1)
+        writes = [
+            {
+                "$type": "com.atproto.repo.applyWrites#create",
+                "collection": MESSAGE,
+                "rkey": f"{SPACE}:w{i}",
+                "value": message(str(i)),
+            }
+            for i in range(3)
+        ]
+        await direct.com.atproto.repo.apply_writes({"repo": did, "writes": writes})
+        ops = await take(feed, 3)
+    assert [c.key for c in ops] == ["w0", "w1", "w2"]
+    # Only the commit's last op moves the cursor past it.
+    assert ops[0].cursor == ops[1].cursor == before.cursor
+    assert ops[2].cursor != before.cursor
+
+
+async def test_feed_from_a_cursor_ahead_of_the_pds_sweeps(store: PdsStore, did: str) -> None:
+    await store.create_record(did, SPACE, MESSAGE, "old", message())
+    endpoint = (await store._session_for(did)).endpoint
+    ahead = json.dumps({endpoint: 10**9})
+    async with aclosing(store.changes(ahead)) as feed:
+        # FutureCursor: the firehose restarts from now and a sweep reports what is there.
+        [old] = await take(feed, 1)
+        assert (old.key, old.op, old.live) == ("old", "create", False)
+        await store.create_record(did, SPACE, MESSAGE, "new", message())
+        [new] = await take(feed, 1)
+        assert (new.key, new.live) == ("new", True)
+        assert decode_cursor(new.cursor)[endpoint] < 10**9
+    with pytest.raises(StoreError, match="cursor"):
+        async with aclosing(store.changes("nope")) as feed:
+            await take(feed, 1)
+
+
+async def test_feed_reports_invalid_records_written_directly(
+    pds: PdsServer, pds_account: Account, store: PdsStore, did: str
+) -> None:
+    direct = await direct_client(pds, pds_account)
+    async with aclosing(store.changes()) as feed:
+        await start(feed, store, did)
+        await direct.com.atproto.repo.create_record(
+            {
+                "repo": did,
+                "collection": MESSAGE,
+                "rkey": f"{SPACE}:bad",
+                "record": {"$type": MESSAGE, "role": "user"},
+            }
+        )
+        [bad] = await take(feed, 1)
+    assert bad.key == "bad" and bad.record == {"$type": MESSAGE, "role": "user"}
+    assert bad.error and "content" in bad.error
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_an_unreachable_pds_stops_no_other_account(
+    pds: PdsServer, pds_account: Account, did: str
+) -> None:
+    down = PdsAccount(
+        identifier="ghost.test", password="x", service=f"http://localhost:{_closed_port()}"
+    )
+    async with await PdsStore.open(
+        [down, account_of(pds, pds_account)], sweep_interval=0.5
+    ) as store:
+        assert store.dids == [did]
+        async with aclosing(store.changes()) as feed:
+            await start(feed, store, did)
+            await store.create_record(did, SPACE, MESSAGE, "k", message())
+            [c] = await take(feed, 1)
+            assert c.key == "k"
+
+
+async def test_two_accounts_one_feed(pds: PdsServer, pds_account: Account) -> None:
+    other = pds.create_account()
+    async with await PdsStore.open(
+        [account_of(pds, pds_account), account_of(pds, other)], sweep_interval=0.5
+    ) as store:
+        async with aclosing(store.changes()) as feed:
+            await start(feed, store, pds_account.did)
+            await store.create_record(pds_account.did, SPACE, MESSAGE, "a", message())
+            await store.create_record(other.did, SPACE, MESSAGE, "b", message())
+            got = await take(feed, 2)
+    assert [(c.did, c.key) for c in got] == [(pds_account.did, "a"), (other.did, "b")]
+
+
+async def test_firehose_latency(store: PdsStore, did: str) -> None:
+    """createRecord returns -> the change is out of the feed, over 200 writes."""
+    latencies: list[float] = []
+    async with aclosing(store.changes()) as feed:
+        await start(feed, store, did)
+        for i in range(200):
+            await store.create_record(did, SPACE, MESSAGE, f"l{i:03}", message())
+            t0 = time.perf_counter()
+            [c] = await take(feed, 1)
+            latencies.append(time.perf_counter() - t0)
+            assert c.key == f"l{i:03}"
+    latencies.sort()
+    median = statistics.median(latencies) * 1000
+    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
+    print(
+        f"\nfirehose write->feed latency over 200 writes: median {median:.2f} ms, p99 {p99:.2f} ms"
+    )
+    assert median < 50
