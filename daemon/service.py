@@ -18,7 +18,7 @@ import hmac
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -179,12 +179,12 @@ class Service:
                 self.store = await open_store(self.config)
             except (OSError, ValueError, StoreError) as err:
                 raise ServiceError(f"store.path: cannot open the store: {err}") from None
-            stack.push_async_callback(self.store.aclose)
+            stack.push_async_callback(_close, self.store.aclose)
             try:
                 self.state = await StateDB.open(self.config.state_path)
             except (OSError, ValueError) as err:
                 raise ServiceError(f"state.path: cannot open the state file: {err}") from None
-            stack.push_async_callback(self.state.aclose)
+            stack.push_async_callback(_close, self.state.aclose)
 
             self.engine = TurnEngine(
                 self.store,
@@ -205,7 +205,7 @@ class Service:
                 create_app(self),
                 log_config=None,  # keep our handlers and formatters
                 access_log=False,  # one line per turn, not per request
-                lifespan="auto",
+                lifespan="off",  # the Service owns start-up and shutdown, not the app
                 timeout_graceful_shutdown=5,
                 server_header=False,
             )
@@ -306,6 +306,13 @@ class Service:
         await self.state.set_cursor(FEED_CURSOR, cursor)
         self._saved_cursor = cursor
         self._since_save = 0
+
+
+async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
+    """Close even when cancelled (a second signal): an open aiosqlite connection's
+    worker thread would otherwise keep the process alive after ``run`` returns."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+        await aclose()
 
 
 async def _changes(store: RecordStore, cursor: str | None) -> AsyncIterator[Change]:

@@ -1,0 +1,361 @@
+"""The `turnd` console script end to end: real subprocesses on loopback, no mocks.
+
+``turnd serve`` on embedded defaults and on an ``init``-written config, ``turnd send``
+answered by the built-in echo, ``turnd check``, one log line per turn (text and JSON,
+no secrets), SIGTERM draining a running turn, a second signal exiting at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.fakemodel import FakeModel, Reply
+
+TURND = str(Path(sys.executable).parent / "turnd")
+TEXT = "network.sharedcomputer.chat.defs#textPart"
+MESSAGE = "network.sharedcomputer.chat.message"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """No provider keys or TURND_* from the host: the tests pick the echo themselves."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TURND_") and k not in ("OPENAI_API_KEY", "OPENROUTER_API_KEY")
+    }
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+    url: str
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 15) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.stdout())
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                raise AssertionError(f"turnd exited {self.proc.returncode}: {self.stderr()}")
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} in {self.stdout()!r} / {self.stderr()!r}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Any]:
+    started: list[Served] = []
+
+    def start(cwd: Path, env: dict[str, str], *args: str) -> Served:
+        n = len(started)
+        out, err = tmp_path / f"serve{n}.out", tmp_path / f"serve{n}.err"
+        with out.open("wb") as o, err.open("wb") as e:
+            proc = subprocess.Popen([TURND, "serve", *args], cwd=cwd, env=env, stdout=o, stderr=e)
+        listen = env.get("TURND_HTTP_LISTEN", "127.0.0.1:8787")
+        served = Served(proc, out, err, f"http://{listen}")
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:  # only the processes this test started, by their handle
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(10)
+
+
+def wait_healthy(url: str, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = httpx.get(f"{url}/healthz", timeout=2)
+            if last.status_code == 200:
+                return
+        except httpx.HTTPError as err:
+            last = err
+        time.sleep(0.05)
+    raise AssertionError(f"/healthz not 200 after {timeout}s: {last}")
+
+
+def turnd(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TURND, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+# -- the README's path: no config at all ------------------------------------------------------
+
+
+def test_serve_on_embedded_defaults_then_send_hello(tmp_path: Path, serve: Any) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    env = clean_env(TURND_HTTP_LISTEN=f"127.0.0.1:{free_port()}")
+    daemon = serve(work, env)
+
+    line = daemon.wait_for(r"turnd: serving .*\n").group(0)
+    token = re.search(r"token (\S+?);", line)
+    assert token, line
+    assert daemon.url in line and 'turnd send "hello"' in line
+    assert "echo (built-in test provider)" in line
+    created = daemon.wait_for(r"created account me\.test .* password (\S+) token (\S+) ")
+    assert created.group(2) == token.group(1)
+    credentials = work / "turnd-data" / "credentials.json"
+    assert credentials.stat().st_mode & 0o777 == 0o600
+    wait_healthy(daemon.url)
+
+    sent = turnd("send", "hello", cwd=work, env=env)
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout == "Echo: hello\n"
+    skey = re.search(r"conversation (\S+)", sent.stderr).group(1)  # type: ignore[union-attr]
+
+    # a second message continues the branch: its parent is the first reply
+    again = turnd("send", "--conversation", skey, "and again", cwd=work, env=env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "Echo: and again\n"
+    api = httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token.group(1)}"})
+    messages = {
+        m["key"]: m["value"] for m in api.get(f"/api/conversations/{skey}").json()["messages"]
+    }
+    users = sorted(k for k, v in messages.items() if v["role"] == "user")
+    assert len(users) == 2 and messages[users[1]]["parent"] == f"{users[0]}.r0"
+    assert messages[f"{users[1]}.r0"]["status"] == "complete"
+
+    # an unknown provider ends the reply in error: non-zero exit, reason on stderr
+    failed = turnd("send", "--model", "nope:x", "hi", cwd=work, env=env)
+    assert failed.returncode == 1
+    assert "the reply ended in error" in failed.stderr and "nope" in failed.stderr
+
+    checked = turnd("check", cwd=work, env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "embedded defaults" in checked.stdout
+    assert re.search(r"^ok\s+store\s+local ", checked.stdout, re.M)
+    assert re.search(
+        r"^ok\s+provider\s+echo \[echo \(built-in test provider\)\]", checked.stdout, re.M
+    )
+
+    assert daemon.stop() == 0
+    logs = daemon.stderr()
+    assert "turnd.service stopped" in logs
+    # one line per turn, with the fields the spec asks for
+    turns = [ln for ln in logs.splitlines() if " turnd.turns turn " in ln]
+    assert len(turns) == 3
+    assert all(re.search(r"conversation=\S+ key=\S+\.r0 model=\S+ status=\w+", ln) for ln in turns)
+    assert "status=complete" in turns[0] and "ttft_ms=" in turns[0] and "output_tokens=" in turns[0]
+    # secrets are printed once on stdout, never in the logs
+    assert token.group(1) not in logs and created.group(1) not in logs
+
+    # a restart reuses the account and does not print its secrets again
+    daemon2 = serve(work, env)
+    line2 = daemon2.wait_for(r"turnd: serving .*\n").group(0)
+    assert "token in " in line2 and token.group(1) not in daemon2.stdout()
+    wait_healthy(daemon2.url)
+    assert turnd("send", "hello again", cwd=work, env=env).stdout == "Echo: hello again\n"
+    assert daemon2.stop() == 0
+
+
+def test_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        env = clean_env(TURND_HTTP_LISTEN=f"127.0.0.1:{s.getsockname()[1]}")
+        result = turnd("serve", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert re.fullmatch(r"turnd: cannot listen on 127\.0\.0\.1:\d+: .+\n", result.stderr)
+
+
+# -- init, then serve on its config ---------------------------------------------------------
+
+
+def test_init_then_serve_with_json_logs(tmp_path: Path, serve: Any) -> None:
+    port = free_port()
+    conf = tmp_path / "etc" / "turnd.toml"
+    init = turnd(
+        "init",
+        "--config",
+        str(conf),
+        "--listen",
+        f"127.0.0.1:{port}",
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    assert init.returncode == 0, init.stderr
+    password = re.search(r"^\s*export TURND_ME_PASSWORD=(\S+)$", init.stdout, re.M)
+    token = re.search(r"^\s*export TURND_ME_TOKEN=(\S+)$", init.stdout, re.M)
+    assert password and token
+    env_file = conf.with_name("turnd.env")
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert env_file.read_text() == (
+        f"TURND_ME_PASSWORD={password.group(1)}\nTURND_ME_TOKEN={token.group(1)}\n"
+    )
+    text = conf.read_text()
+    assert "password_env" in text and password.group(1) not in text and token.group(1) not in text
+    assert (tmp_path / "etc" / "turnd-data").is_dir()  # the local account's store
+    again = turnd("init", "--config", str(conf), cwd=tmp_path, env=clean_env())
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+    # without the secrets exported, serve refuses in one line
+    refused = turnd("serve", "--config", str(conf), cwd=tmp_path, env=clean_env())
+    assert refused.returncode == 2
+    assert "accounts.me.password_env: environment variable TURND_ME_PASSWORD" in refused.stderr
+
+    env = clean_env(TURND_ME_PASSWORD=password.group(1), TURND_ME_TOKEN=token.group(1))
+    env["TURND_HTTP_LISTEN"] = f"127.0.0.1:{port}"
+    daemon = serve(tmp_path, env, "--config", str(conf), "--log-format", "json")
+    line = daemon.wait_for(r"turnd: serving .*\n").group(0)
+    assert "token in $TURND_ME_TOKEN" in line and token.group(1) not in line
+    wait_healthy(daemon.url)
+
+    sent = turnd("send", "--config", str(conf), "hi there", cwd=tmp_path, env=env)
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout == "Echo: hi there\n"
+    assert daemon.stop() == 0
+
+    records = [json.loads(ln) for ln in daemon.stderr().splitlines() if ln.startswith("{")]
+    assert records and all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    [turn] = [r for r in records if r["logger"] == "turnd.turns" and "status" in r]
+    assert turn["status"] == "complete" and turn["model"] == "echo:echo"
+    assert turn["key"].endswith(".r0") and turn["ttft_ms"] is not None
+    assert password.group(1) not in daemon.stderr() and token.group(1) not in daemon.stderr()
+
+
+# -- shutdown ---------------------------------------------------------------------------------
+
+
+def _fake_config(tmp_path: Path, fake: FakeModel, port: int) -> tuple[Path, dict[str, str]]:
+    conf = tmp_path / "turnd.toml"
+    conf.write_text(
+        f"""
+[http]
+listen = "127.0.0.1:{port}"
+[models]
+default = "fake:fake-model"
+[providers.fake]
+base_url = "{fake.base_url}"
+api_key_env = "FAKE_KEY"
+[accounts.me]
+handle = "me.test"
+password_env = "ME_PASSWORD"
+token_env = "ME_TOKEN"
+"""
+    )
+    env = clean_env(FAKE_KEY="sk-fake-123456", ME_PASSWORD="pw-123456789", ME_TOKEN="tok-123456789")
+    env["TURND_HTTP_LISTEN"] = f"127.0.0.1:{port}"  # the same as the file; tells Served its URL
+    return conf, env
+
+
+def _start_turn(url: str) -> tuple[httpx.Client, str, str]:
+    api = httpx.Client(base_url=url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10)
+    skey = api.post("/api/conversations", json={}).json()["skey"]
+    posted = api.post(
+        f"/api/conversations/{skey}/messages",
+        json={"parts": [{"$type": TEXT, "text": "slow please"}], "generation": {}},
+    )
+    assert posted.status_code == 201, posted.text
+    assert posted.json()["turn"] == "claimed"
+    return api, skey, posted.json()["replyKey"]
+
+
+async def _stored_reply(data_dir: Path, skey: str, reply: str) -> dict[str, Any]:
+    from daemon.config import local_did
+    from recordstore.local import LocalStore
+
+    async with LocalStore.open(data_dir) as store:
+        record = await store.get_record(local_did("me.test"), skey, MESSAGE, reply)
+    assert record is not None
+    return record.value
+
+
+def test_sigterm_lets_a_running_turn_finish(tmp_path: Path, serve: Any) -> None:
+    slow = Reply.text(["one ", "two ", "three ", "four"]).delayed(chunk_delay=0.4)
+    with FakeModel(default=slow) as fake:
+        conf, env = _fake_config(tmp_path, fake, free_port())
+        daemon = serve(tmp_path, env, "--config", str(conf))
+        daemon.wait_for(r"turnd: serving")
+        _, skey, reply = _start_turn(daemon.url)
+        fake.wait_for_requests(1)
+        began = time.monotonic()
+        assert daemon.stop(signal.SIGTERM) == 0
+        # it waited for the turn (about 2 s of chunks) rather than cutting it off
+        assert time.monotonic() - began > 1.0
+    value = anyio.run(_stored_reply, tmp_path / "turnd-data", skey, reply)
+    assert value["status"] == "complete"
+    assert value["content"]["parts"][0]["text"] == "one two three four"
+    assert "turnd.service stopped" in daemon.stderr()
+
+
+def test_a_second_signal_exits_at_once_and_restart_marks_it_interrupted(
+    tmp_path: Path, serve: Any
+) -> None:
+    stalled = Reply.text(["never ", "ends"]).delayed(ttft=120)
+    with FakeModel(default=stalled) as fake:
+        conf, env = _fake_config(tmp_path, fake, free_port())
+        daemon = serve(tmp_path, env, "--config", str(conf))
+        daemon.wait_for(r"turnd: serving")
+        _, skey, reply = _start_turn(daemon.url)
+        fake.wait_for_requests(1)
+        daemon.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert daemon.proc.poll() is None  # draining: the turn has up to 30 s
+        began = time.monotonic()
+        daemon.proc.send_signal(signal.SIGINT)
+        daemon.proc.wait(10)
+        assert time.monotonic() - began < 5
+        assert "exiting now" in daemon.stderr()
+
+        # the next start writes our interrupted claim as an error, not a retry
+        restarted = serve(tmp_path, env, "--config", str(conf))
+        restarted.wait_for(r"turnd: serving")
+        value = anyio.run(_stored_reply, tmp_path / "turnd-data", skey, reply)
+        assert value["status"] == "error" and value["error"] == "interrupted"
+        assert fake.request_count == 1  # no second generation
+        assert restarted.stop() == 0
+
+
+def test_help_everywhere() -> None:
+    for args in ([], ["init"], ["serve"], ["send"], ["check"]):
+        result = subprocess.run(
+            [TURND, *args, "--help"], capture_output=True, text=True, timeout=30
+        )
+        assert result.returncode == 0 and "usage: turnd" in result.stdout
+    assert (
+        "--log-format"
+        in subprocess.run(
+            [TURND, "serve", "--help"], capture_output=True, text=True, timeout=30
+        ).stdout
+    )
