@@ -20,6 +20,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -135,7 +136,21 @@ class Service:
 
     def owners(self) -> dict[str, str]:
         """DID -> account name, for the trigger rules."""
+        if any(a.did is None for a in self.accounts):
+            self._learn_dids()
         return {a.did: a.name for a in self.accounts if a.did}
+
+    def _learn_dids(self) -> None:
+        """pds accounts configured by handle only: take the DID their login returned
+        (an account whose PDS was down at start-up gets it on its first use)."""
+        sessions = getattr(self.store, "sessions", None)
+        if sessions is None:
+            return
+        known = {s.account.identifier: s.account.did for s in sessions() if s.account.did}
+        self.accounts = [
+            replace(a, did=known[a.handle]) if a.did is None and a.handle in known else a
+            for a in self.accounts
+        ]
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -176,10 +191,14 @@ class Service:
 
         async with AsyncExitStack() as stack:
             try:
-                self.store = await open_store(self.config)
+                store = self.store = await open_store(self.config)
+                # Entered, not just opened: the pds store runs its feeds in its own task group.
+                await store.__aenter__()
             except (OSError, ValueError, StoreError) as err:
-                raise ServiceError(f"store.path: cannot open the store: {err}") from None
-            stack.push_async_callback(_close, self.store.aclose)
+                key = "store.path" if self.config.store_kind == "local" else "store.service"
+                raise ServiceError(f"{key}: cannot open the store: {err}") from None
+            stack.push_async_callback(_close, lambda: store.__aexit__(None, None, None))
+            self._learn_dids()
             try:
                 self.state = await StateDB.open(self.config.state_path)
             except (OSError, ValueError) as err:
