@@ -322,6 +322,16 @@ class _Xrpc:
 
     # -- records --------------------------------------------------------------------------
 
+    async def _space(self, did: str, space: str) -> None:
+        # After a write succeeds (a refused one leaves nothing behind), its space is
+        # made as an /api write makes it; idempotent.
+        kind = (
+            recordstore.SETTINGS
+            if space == recordstore.SETTINGS_SPACE
+            else recordstore.CONVERSATION
+        )
+        await self._store.create_space(did, kind, space)
+
     async def create_record(self, request: Request, body: CreateRecordInput) -> dict[str, Any]:
         did = self._writer(request, body.repo)
         collection = keys.validate_collection(body.collection)
@@ -329,6 +339,7 @@ class _Xrpc:
         space, key = keys.split_repo_rkey(rkey)
         value = _typed(body.record, collection)
         rec = await self._store.create_record(did, space, collection, key, value)
+        await self._space(did, space)
         return _write_result(rec, rkey)
 
     async def put_record(self, request: Request, body: PutRecordInput) -> dict[str, Any]:
@@ -339,6 +350,7 @@ class _Xrpc:
         rec = await self._store.put_record(
             did, space, collection, key, value, swap_cid=body.swapRecord
         )
+        await self._space(did, space)
         return _write_result(rec, body.rkey)
 
     async def delete_record(self, request: Request, body: DeleteRecordInput) -> dict[str, Any]:

@@ -73,9 +73,9 @@ class Daemon:
         rec = await self.service.store.get_record(did, skey, MESSAGE, key)
         return rec.value if rec else None
 
-    async def final(self, skey: str, key: str, timeout: float = 10) -> dict[str, Any]:
+    async def final(self, skey: str, key: str, wait: float = 10) -> dict[str, Any]:
         """The reply record once its status is no longer pending."""
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(wait):
             while True:
                 value = await self.record(skey, key)
                 if value is not None and value.get("status") not in (None, "pending"):
@@ -143,9 +143,7 @@ async def running_daemon(
             service.request_stop()
 
 
-async def sse_events(
-    response: httpx.Response, *, limit: int | None = None
-) -> list[dict[str, Any]]:
+async def sse_events(response: httpx.Response, *, limit: int | None = None) -> list[dict[str, Any]]:
     """Parse ``text/event-stream`` lines as a browser does, until the stream ends.
 
     Each event is ``{"id", "event", "data"}`` with ``data`` decoded from JSON; comment
