@@ -163,6 +163,7 @@ class TurnEngine:
         async with AsyncExitStack() as stack:
             self._http = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
             stack.push_async_callback(self._clients.aclose)
+            self._clients.warm(self._settings().retries)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._stack = stack.pop_all()
         return self

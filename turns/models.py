@@ -103,6 +103,12 @@ class Clients:
             )
         return client
 
+    def warm(self, retries: int) -> None:
+        """Build every provider's client now, so the first turn does not pay for it."""
+        for provider in self._providers.values():
+            # Touching the resource imports the SDK's lazily loaded modules.
+            _ = self.client(provider, retries).chat.completions.with_streaming_response
+
     async def aclose(self) -> None:
         for client in self._clients.values():
             await client.close()
