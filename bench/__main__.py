@@ -1,0 +1,217 @@
+"""``python -m bench``: turnd against the SPEC §10 targets, side by side in one run.
+
+The fake model server and ``turnd serve`` each run in their own process on loopback;
+this process is the client (and the "other process" of a direct write). Every figure
+is measured over several runs; the table shows the median with min and max, beside
+its target and beside LiteLLM's. ``--json`` ends the output with one JSON line.
+
+    python -m bench --quick          # about a minute (plus LiteLLM's install, once)
+    python -m bench                  # the full run (100 samples a run, 5 runs)
+    python -m bench --smoke --json   # a few seconds: checks the bench itself, not turnd
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bench import litellm_proxy, measure
+from bench.procs import FakeModelProc, TurndProc
+
+
+@dataclass(frozen=True)
+class Sizes:
+    runs: int  # runs per figure (the median over them is reported)
+    samples: int  # turns per run for latencies
+    streams: int  # concurrent turns for the streaming ratio
+    stream_tokens: int  # tokens per streamed reply in that phase
+    stream_runs: int
+    rss_runs: int
+    rss_first: int
+    rss_total: int
+    rss_concurrency: int
+    litellm_samples: int
+
+
+SIZES = {
+    "smoke": Sizes(2, 3, 5, 20, 2, 1, 5, 20, 4, 3),
+    "quick": Sizes(3, 30, 200, 100, 3, 1, 100, 1000, 10, 30),
+    "full": Sizes(5, 100, 200, 200, 5, 3, 100, 1000, 10, 100),
+}
+
+# figure -> (target text, predicate on the median, LiteLLM's figure key or text)
+TARGETS: dict[str, tuple[str, Any, str | None]] = {
+    "ttft_overhead_ms_p50": ("<= 5 ms", lambda v: v <= 5, "litellm_ttft_overhead_ms_p50"),
+    "ttft_overhead_ms_p99": ("", None, "litellm_ttft_overhead_ms_p99"),
+    "stream_ratio": (">= 0.80", lambda v: v >= 0.8, "0.18 (SPEC §10)"),
+    "claim_latency_ms_p50": ("<= 50 ms", lambda v: v <= 50, None),
+    "rss_growth_pct": ("<= 10 %", lambda v: v <= 10, None),
+    "per_token_overhead_us": ("", None, None),
+    "turnd_cpu_us_per_token": ("", None, "1450 (SPEC §10)"),
+    "xrpc_write_to_first_delta_ms_p50": ("", None, None),
+    "claim_to_first_delta_ms_p50": ("", None, None),
+    "model_ttft_ms_p50": ("", None, None),
+    "litellm_ttft_overhead_ms_p50": ("", None, None),
+}
+MAIN_KEYS = [
+    "ttft_overhead_ms_p50", "ttft_overhead_ms_p99", "stream_ratio", "claim_latency_ms_p50",
+    "rss_growth_pct", "litellm_ttft_overhead_ms_p50",
+]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
+
+
+def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """Per figure: the median over runs, min, max and the per-run values."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in runs[0] if runs else ():
+        values = [r[key] for r in runs if key in r and math.isfinite(r[key])]
+        if values:
+            out[key] = {"median": statistics.median(values), "min": min(values),
+                        "max": max(values), "runs": [round(v, 4) for v in values]}
+    return out
+
+
+async def _run(mode: str, sizes: Sizes, want_litellm: bool) -> dict[str, Any]:
+    details: dict[str, dict[str, Any]] = {}
+    notes: dict[str, str] = {}
+    with (
+        FakeModelProc(tokens=200, ttft_ms=20) as fake,
+        FakeModelProc(tokens=sizes.stream_tokens, ttft_ms=0) as stream_fake,
+        FakeModelProc(tokens=20, ttft_ms=0) as short_fake,
+    ):
+        log(f"fake model servers: pids {fake.pid}, {stream_fake.pid}, {short_fake.pid}")
+        with TurndProc({"fake": fake.base_url, "stream": stream_fake.base_url}) as turnd:
+            log(f"turnd serve: pid {turnd.pid} at {turnd.base_url}")
+            log("time to first token (POST -> first delta at a subscriber, vs the bare client):")
+            details |= summarize(await measure.ttft(turnd, fake, sizes.runs, sizes.samples, log))
+            log("direct writes through XRPC (claim, first delta):")
+            details |= summarize(await measure.claims(turnd, sizes.runs, sizes.samples, log))
+            log(f"streaming: {sizes.streams} concurrent turns x {sizes.stream_tokens} tokens:")
+            details |= summarize(await measure.streaming(
+                turnd, stream_fake, sizes.stream_runs, sizes.streams, log, provider="stream"))
+        log(f"memory: RSS after {sizes.rss_first} and {sizes.rss_total} turns (fresh turnd each run):")
+        details |= summarize(await measure.memory(
+            short_fake, sizes.rss_runs, sizes.rss_first, sizes.rss_total, sizes.rss_concurrency, log))
+        if want_litellm:
+            log("LiteLLM proxy (1 worker) in front of the same fake server:")
+            binary, why = litellm_proxy.ensure_installed(log)
+            if binary is None:
+                notes["litellm"] = why or "not installed"
+            else:
+                try:
+                    with (
+                        tempfile.TemporaryDirectory(prefix="turnd-bench-litellm-") as tmp,
+                        litellm_proxy.LiteLLMProxy(binary, fake.base_url, Path(tmp)) as proxy,
+                    ):
+                        details |= summarize(await litellm_proxy.ttft(
+                            proxy.base_url, fake.base_url, sizes.runs, sizes.litellm_samples, log))
+                except Exception as err:  # noqa: BLE001 - the figure is null with the reason
+                    notes["litellm"] = f"LiteLLM proxy failed: {str(err)[:300]}"
+        else:
+            notes["litellm"] = "skipped (--no-litellm)"
+    return {"details": details, "notes": notes}
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
+
+
+def table(details: dict[str, dict[str, Any]], notes: dict[str, str]) -> str:
+    rows = [("figure", "median", "min", "max", "target", "LiteLLM")]
+    for key, (target, ok, peer) in TARGETS.items():
+        d = details.get(key)
+        if d is None:
+            rows.append((key, "null", "-", "-", target, notes.get("litellm", "") if key.startswith("litellm") else ""))
+            continue
+        mark = "" if ok is None else (" ok" if ok(d["median"]) else " MISS")
+        peer_text = ""
+        if peer is not None:
+            peer_text = _fmt(details[peer]["median"]) if peer in details else (
+                peer if not peer.startswith("litellm") else "null")
+        rows.append((key, _fmt(d["median"]), _fmt(d["min"]), _fmt(d["max"]), target + mark, peer_text))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="about a minute")
+    size.add_argument("--smoke", action="store_true",
+                      help="a few seconds at minimal sizes: checks the bench code, not turnd")
+    p.add_argument("--json", action="store_true", help="end with one JSON object on one line")
+    p.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM proxy figure")
+    args = p.parse_args(argv)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes = SIZES[mode]
+    want_litellm = not args.no_litellm
+    started = time.monotonic()
+    info = machine()
+    log(f"turnd bench ({mode}) on {info['cores']} cores, {info['cpu']}, Python {info['python']}")
+    result = anyio.run(_run, mode, sizes, want_litellm)
+    details, notes = result["details"], result["notes"]
+    print(table(details, notes))
+    for key, why in notes.items():
+        print(f"note: {key}: {why}")
+    elapsed = time.monotonic() - started
+    print(f"({mode} run, {elapsed:.0f} s)")
+    if args.json:
+        out: dict[str, Any] = {k: None for k in MAIN_KEYS}
+        for key, d in details.items():
+            out[key] = round(d["median"], 4)
+        out["litellm_error"] = notes.get("litellm") if "litellm_ttft_overhead_ms_p50" not in details else None
+        out["mode"] = mode
+        out["seconds"] = round(elapsed, 1)
+        out["machine"] = info
+        out["sizes"] = sizes.__dict__
+        out["details"] = details
+        print(json.dumps(out, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

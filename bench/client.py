@@ -1,0 +1,205 @@
+"""Client-side probes: an SSE reader for turnd's reply streams, the bare ``openai``
+client reading the fake model, and direct XRPC writes.
+
+The SSE reader counts events in the raw bytes instead of parsing them, so that the
+bench's own CPU cost per token stays far below turnd's and the figure is turnd's.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+
+TEXT_PART = "network.sharedcomputer.chat.defs#textPart"
+PLAIN = "network.sharedcomputer.chat.defs#plainContent"
+MESSAGE = "network.sharedcomputer.chat.message"
+INFO = "network.sharedcomputer.chat.info"
+MODEL = "fake-model"
+PROMPT = [{"role": "user", "content": "hi"}]
+
+_DELTA = b"event: delta\n"
+_STATUS = b"event: status\n"
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+@dataclass
+class StreamResult:
+    first_delta: float | None = None  # perf_counter() when the first token arrived
+    last_delta: float | None = None
+    tokens: int = 0
+    status: str | None = None  # the status event's data, raw
+    end: float = 0.0
+
+
+async def read_reply(http: httpx.AsyncClient, url: str) -> StreamResult:
+    """Follow one reply stream to its ``status`` event, counting ``delta`` events."""
+    out = StreamResult()
+    async with http.stream("GET", url) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RuntimeError(f"GET {url}: {response.status_code} {response.text[:200]}")
+        buf = b""
+        async for chunk in response.aiter_raw():
+            t = now()
+            buf += chunk
+            cut = buf.rfind(b"\n\n")
+            if cut < 0:
+                continue
+            complete, buf = buf[: cut + 2], buf[cut + 2 :]
+            n = complete.count(_DELTA)
+            if n:
+                if out.first_delta is None:
+                    out.first_delta = t
+                out.last_delta = t
+                out.tokens += n
+            at = complete.find(_STATUS)
+            if at >= 0:
+                line = complete[at + len(_STATUS) :].split(b"\n", 1)[0]
+                out.status = line.removeprefix(b"data: ").decode()
+                break
+    out.end = now()
+    return out
+
+
+def api_client(base_url: str, token: str, connections: int = 64) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=base_url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=httpx.Timeout(120, connect=10),
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+    )
+
+
+async def new_conversation(http: httpx.AsyncClient) -> str:
+    r = await http.post("/api/conversations", json={})
+    r.raise_for_status()
+    return str(r.json()["skey"])
+
+
+def message_body(provider: str | None = None) -> dict[str, Any]:
+    generation: dict[str, Any] = {}
+    if provider:
+        generation["model"] = {"provider": provider, "id": MODEL}
+    return {"parts": [{"$type": TEXT_PART, "text": "hi"}], "generation": generation}
+
+
+@dataclass
+class TurnSample:
+    ttft: float  # seconds: POST sent -> first delta at the subscriber
+    tokens: int
+    per_token: float | None  # seconds between tokens at the subscriber
+    status: str | None
+
+
+async def turnd_turn(
+    http: httpx.AsyncClient, skey: str, provider: str | None = None, t0: float | None = None
+) -> TurnSample:
+    """POST a message, subscribe to its reply, follow it to the end."""
+    start = now() if t0 is None else t0
+    r = await http.post(f"/api/conversations/{skey}/messages", json=message_body(provider))
+    if r.status_code != 201:
+        raise RuntimeError(f"POST message: {r.status_code} {r.text[:200]}")
+    reply = r.json()["replyKey"]
+    res = await read_reply(http, f"/api/conversations/{skey}/messages/{reply}/stream")
+    if res.first_delta is None:
+        raise RuntimeError(f"reply {reply} streamed no delta (status {res.status})")
+    return TurnSample(
+        ttft=res.first_delta - start,
+        tokens=res.tokens,
+        per_token=_per_token(res.first_delta, res.last_delta, res.tokens),
+        status=res.status,
+    )
+
+
+def _per_token(first: float | None, last: float | None, tokens: int) -> float | None:
+    if first is None or last is None or tokens < 2:
+        return None
+    return (last - first) / (tokens - 1)
+
+
+def bare_client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url, api_key="sk-bench-fake", max_retries=0,
+                              timeout=120)
+
+
+async def bare_stream(client: openai.AsyncOpenAI) -> TurnSample:
+    """The bare ``openai`` client: request -> first content chunk -> end of stream."""
+    start = now()
+    first = last = None
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=PROMPT, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            t = now()
+            if first is None:
+                first = t
+            last = t
+            tokens += 1
+    if first is None:
+        raise RuntimeError("the bare client read no content chunk")
+    return TurnSample(first - start, tokens, _per_token(first, last, tokens), None)
+
+
+# -- direct writes through the local XRPC ------------------------------------------------
+
+
+async def xrpc_session(http: httpx.AsyncClient, handle: str, password: str) -> str:
+    r = await http.post("/xrpc/com.atproto.server.createSession",
+                        json={"identifier": handle, "password": password})
+    r.raise_for_status()
+    return str(r.json()["accessJwt"])
+
+
+async def xrpc_create(
+    http: httpx.AsyncClient, jwt: str, did: str, collection: str, rkey: str, record: dict[str, Any]
+) -> None:
+    r = await http.post(
+        "/xrpc/com.atproto.repo.createRecord",
+        headers={"Authorization": f"Bearer {jwt}"},
+        json={"repo": did, "collection": collection, "rkey": rkey, "record": record},
+    )
+    if r.status_code != 200:
+        raise RuntimeError(f"createRecord {rkey}: {r.status_code} {r.text[:200]}")
+
+
+class ClaimWatcher:
+    """Sees a reply's placeholder appear in the local store's SQLite file (read-only).
+
+    Reading the file costs turnd nothing, unlike polling its HTTP routes.
+    """
+
+    def __init__(self, store_file: Path, did: str) -> None:
+        self._db = sqlite3.connect(f"file:{store_file}?mode=ro", uri=True,
+                                   check_same_thread=False)
+        self._did = did
+
+    def claimed(self, skey: str, key: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM records WHERE did = ? AND space = ? AND collection = ? AND key = ?",
+            (self._did, skey, MESSAGE, key),
+        ).fetchone()
+        return row is not None
+
+    async def wait(self, skey: str, key: str, limit: float = 10.0, poll: float = 0.0005) -> float:
+        deadline = now() + limit
+        while True:
+            if self.claimed(skey, key):
+                return now()
+            if now() > deadline:
+                raise TimeoutError(f"reply {key} not claimed within {limit}s")
+            await anyio.sleep(poll)
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,231 @@
+"""The bench's phases. Each returns, per run, a dict of figures; ``__main__`` takes the
+median over runs and shows min and max beside it."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from bench import client as c
+from bench.procs import DID, HANDLE, FakeModelProc, TurndProc, cpu_seconds, rss_bytes
+from recordstore.keys import new_tid
+
+Log = Callable[[str], None]
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), nearest rank on the sorted values."""
+    s = sorted(values)
+    if not s:
+        raise ValueError("no values")
+    k = max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+async def _gather(factories: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    results: list[Any] = [None] * len(factories)
+
+    async def one(i: int, f: Callable[[], Awaitable[Any]]) -> None:
+        results[i] = await f()
+
+    async with anyio.create_task_group() as tg:
+        for i, f in enumerate(factories):
+            tg.start_soon(one, i, f)
+    return results
+
+
+# -- time to first token -----------------------------------------------------------------
+
+
+async def ttft(turnd: TurndProc, fake: FakeModelProc, runs: int, samples: int,
+               log: Log) -> list[dict[str, float]]:
+    """POST -> first delta at a subscriber, against the bare client's request -> first
+    chunk from the same fake server, interleaved one for one."""
+    out = []
+    async with c.api_client(turnd.base_url, turnd.token) as http, c.bare_client(fake.base_url) as bare:
+        for _ in range(5):  # warm-up: connections, the provider's client, caches
+            await c.turnd_turn(http, await c.new_conversation(http))
+            await c.bare_stream(bare)
+        for run in range(runs):
+            turnd_s, bare_s = [], []
+            for _ in range(samples):
+                skey = await c.new_conversation(http)
+                bare_s.append(await c.bare_stream(bare))
+                turnd_s.append(await c.turnd_turn(http, skey))
+            model = statistics.median(s.ttft for s in bare_s)
+            tt = [s.ttft for s in turnd_s]
+            tok_t = statistics.median(s.per_token for s in turnd_s if s.per_token is not None)
+            tok_b = statistics.median(s.per_token for s in bare_s if s.per_token is not None)
+            fig = {
+                "ttft_overhead_ms_p50": ms(statistics.median(tt) - model),
+                "ttft_overhead_ms_p99": ms(pct(tt, 99) - model),
+                "turnd_ttft_ms_p50": ms(statistics.median(tt)),
+                "model_ttft_ms_p50": ms(model),
+                "per_token_overhead_us": (tok_t - tok_b) * 1e6,
+                "turnd_per_token_us": tok_t * 1e6,
+                "bare_per_token_us": tok_b * 1e6,
+            }
+            log(f"  ttft run {run + 1}/{runs}: overhead p50 {fig['ttft_overhead_ms_p50']:.2f} ms, "
+                f"p99 {fig['ttft_overhead_ms_p99']:.2f} ms (model {fig['model_ttft_ms_p50']:.2f} ms)")
+            out.append(fig)
+    return out
+
+
+# -- claims of direct writes -------------------------------------------------------------
+
+
+def _iso_now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _user_message() -> dict[str, Any]:
+    return {
+        "$type": c.MESSAGE,
+        "role": "user",
+        "content": {"$type": c.PLAIN, "parts": [{"$type": c.TEXT_PART, "text": "hi"}]},
+        "generation": {"attempt": 0},
+        "createdAt": _iso_now(),
+    }
+
+
+async def claims(turnd: TurndProc, runs: int, samples: int, log: Log) -> list[dict[str, float]]:
+    """A direct write through turnd's XRPC (this process is the other process) -> the
+    reply's placeholder in the store file -> the first delta on its stream."""
+    out = []
+    watcher = c.ClaimWatcher(turnd.store_file, DID)
+    try:
+        async with c.api_client(turnd.base_url, turnd.token) as http:
+            jwt = await c.xrpc_session(http, HANDLE, turnd.password)
+
+            async def one() -> tuple[float, float, float]:
+                skey = new_tid()
+                await c.xrpc_create(http, jwt, DID, c.INFO, f"{skey}:self",
+                                    {"$type": c.INFO, "createdAt": _iso_now()})
+                await anyio.sleep(0.01)  # let the feed pass the info record
+                key = new_tid()
+                record = _user_message()
+                t0 = c.now()
+                await c.xrpc_create(http, jwt, DID, c.MESSAGE, f"{skey}:{key}", record)
+                t_claim = await watcher.wait(skey, f"{key}.r0")
+                res = await c.read_reply(http, f"/api/conversations/{skey}/messages/{key}.r0/stream")
+                if res.first_delta is None:
+                    raise RuntimeError(f"direct write {key}: no delta (status {res.status})")
+                return t_claim - t0, res.first_delta - t0, res.first_delta - t_claim
+
+            for _ in range(3):
+                await one()
+            for run in range(runs):
+                rows = [await one() for _ in range(samples)]
+                fig = {
+                    "claim_latency_ms_p50": ms(statistics.median(r[0] for r in rows)),
+                    "claim_latency_ms_p99": ms(pct([r[0] for r in rows], 99)),
+                    "xrpc_write_to_first_delta_ms_p50": ms(statistics.median(r[1] for r in rows)),
+                    "claim_to_first_delta_ms_p50": ms(statistics.median(r[2] for r in rows)),
+                }
+                log(f"  claim run {run + 1}/{runs}: claimed p50 {fig['claim_latency_ms_p50']:.2f} ms, "
+                    f"write->first delta p50 {fig['xrpc_write_to_first_delta_ms_p50']:.2f} ms")
+                out.append(fig)
+    finally:
+        watcher.close()
+    return out
+
+
+# -- streaming throughput -----------------------------------------------------------------
+
+
+async def streaming(turnd: TurndProc, fake: FakeModelProc, runs: int, streams: int,
+                    log: Log, provider: str | None = None) -> list[dict[str, float]]:
+    """Tokens/s to SSE subscribers with ``streams`` concurrent turns, against tokens/s the
+    bare client reads with ``streams`` concurrent streams from the same fake server."""
+    out = []
+    conns = 2 * streams + 16
+    async with c.api_client(turnd.base_url, turnd.token, conns) as http, c.bare_client(fake.base_url) as bare:
+
+        async def bare_batch() -> tuple[float, int, float]:
+            cpu0, t0 = time.process_time(), c.now()
+            got = await _gather([lambda: c.bare_stream(bare)] * streams)
+            wall, cpu = c.now() - t0, time.process_time() - cpu0
+            tokens = sum(s.tokens for s in got)
+            return tokens / wall, tokens, cpu / tokens
+
+        async def turnd_batch() -> tuple[float, int, float]:
+            skeys = await _gather([lambda: c.new_conversation(http)] * streams)
+            cpu0, t0 = cpu_seconds(turnd.pid), c.now()
+            got = await _gather([lambda s=s: c.turnd_turn(http, s, provider) for s in skeys])
+            wall, cpu = c.now() - t0, cpu_seconds(turnd.pid) - cpu0
+            tokens = sum(s.tokens for s in got)
+            bad = [s.status for s in got if s.status is None or '"complete"' not in s.status]
+            if bad:
+                raise RuntimeError(f"{len(bad)} turns did not complete: {bad[0]}")
+            return tokens / wall, tokens, cpu / tokens
+
+        await bare_batch()  # warm-up of both paths
+        await turnd_batch()
+        for run in range(runs):
+            b_rate, b_tokens, b_cpu = await bare_batch()
+            t_rate, t_tokens, t_cpu = await turnd_batch()
+            fig = {
+                "stream_ratio": t_rate / b_rate,
+                "turnd_tokens_per_s": t_rate,
+                "bare_tokens_per_s": b_rate,
+                "turnd_cpu_us_per_token": t_cpu * 1e6,
+                "bare_client_cpu_us_per_token": b_cpu * 1e6,
+            }
+            log(f"  stream run {run + 1}/{runs}: turnd {t_rate:.0f} tok/s ({t_tokens} tokens), "
+                f"bare {b_rate:.0f} tok/s ({b_tokens}) -> ratio {fig['stream_ratio']:.3f}")
+            out.append(fig)
+    return out
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+async def memory(fake: FakeModelProc, runs: int, first: int, total: int, concurrency: int,
+                 log: Log) -> list[dict[str, float]]:
+    """A fresh ``turnd serve`` per run: RSS after ``first`` finished turns and after ``total``."""
+    out = []
+    for run in range(runs):
+        with TurndProc({"short": fake.base_url}) as turnd:
+            async with c.api_client(turnd.base_url, turnd.token, concurrency + 4) as http:
+
+                async def turns(n: int) -> None:
+                    # Ten turns per conversation, ``concurrency`` conversations at a time.
+                    groups = iter([min(10, n - i) for i in range(0, n, 10)])
+
+                    async def worker() -> None:
+                        for size in groups:
+                            skey = await c.new_conversation(http)
+                            for _ in range(size):
+                                await c.turnd_turn(http, skey)
+
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(concurrency):
+                            tg.start_soon(worker)
+
+                t0 = c.now()
+                await turns(first)
+                await anyio.sleep(0.5)
+                rss_first = rss_bytes(turnd.pid)
+                await turns(total - first)
+                await anyio.sleep(0.5)
+                rss_total = rss_bytes(turnd.pid)
+                wall = c.now() - t0 - 1.0
+        fig = {
+            "rss_growth_pct": (rss_total - rss_first) / rss_first * 100.0,
+            "rss_mb_after_first": rss_first / 2**20,
+            "rss_mb_after_total": rss_total / 2**20,
+            "turns_per_s": total / wall,
+        }
+        log(f"  memory run {run + 1}/{runs}: RSS {fig['rss_mb_after_first']:.1f} MB after {first}, "
+            f"{fig['rss_mb_after_total']:.1f} MB after {total} ({fig['rss_growth_pct']:+.1f} %)")
+        out.append(fig)
+    return out

@@ -1,0 +1,215 @@
+"""The processes a bench run measures: the fake model, ``turnd serve``, their /proc figures.
+
+Each runs in its own OS process on loopback, as a user would run it; the bench only
+talks to them over HTTP (and reads the local store's SQLite file to see claims).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from daemon.config import local_did
+
+ROOT = Path(__file__).resolve().parent.parent
+HANDLE = "bench.test"
+DID = local_did(HANDLE)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@dataclass
+class FakeModelProc:
+    """``python -m tests.fakemodel`` in its own process."""
+
+    tokens: int = 200
+    ttft_ms: float = 20.0
+    chunk_delay_ms: float = 0.0
+    proc: subprocess.Popen[str] | None = None
+    base_url: str = ""
+
+    def __enter__(self) -> FakeModelProc:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fakemodel", "--port", "0",
+             "--tokens", str(self.tokens), "--ttft-ms", str(self.ttft_ms),
+             "--chunk-delay-ms", str(self.chunk_delay_ms), "--no-record"],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            _stop(self.proc)
+            raise RuntimeError("the fake model server did not start")
+        self.base_url = json.loads(line)["base_url"]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def turnd_command() -> list[str]:
+    script = Path(sys.executable).parent / "turnd"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("turnd")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "daemon.cli"]
+
+
+@dataclass
+class TurndProc:
+    """``turnd serve --config <tmp>/turnd.toml`` in its own process, local store.
+
+    ``providers`` maps a provider name to an OpenAI-compatible base URL; the first one
+    is the default model's provider.
+    """
+
+    providers: dict[str, str]
+    rate_per_minute: int = 1_000_000
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    tmp: Path | None = None
+    _tmpdir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def store_file(self) -> Path:
+        assert self.tmp is not None
+        return self.tmp / "data" / "store.sqlite3"
+
+    @property
+    def log_file(self) -> Path:
+        assert self.tmp is not None
+        return self.tmp / "turnd.log"
+
+    def _config(self) -> str:
+        first = next(iter(self.providers))
+        lines = [
+            "[store]", 'kind = "local"', 'path = "data"', "",
+            "[http]", f'listen = "127.0.0.1:{self.port}"', "web = false", "",
+            "[models]", f'default = "{first}:fake-model"', "",
+            "[turns]", f"ratePerMinute = {self.rate_per_minute}", "retries = 0", "",
+        ]
+        for name, url in self.providers.items():
+            lines += [f"[providers.{name}]", f'base_url = "{url}"',
+                      'api_key_env = "BENCH_PROVIDER_KEY"', ""]
+        lines += ["[accounts.bench]", f'handle = "{HANDLE}"',
+                  'password_env = "BENCH_PASSWORD"', 'token_env = "BENCH_TOKEN"', ""]
+        return "\n".join(lines)
+
+    def __enter__(self) -> TurndProc:
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="turnd-bench-")
+        self.tmp = Path(self._tmpdir.name)
+        self.port = free_port()
+        config = self.tmp / "turnd.toml"
+        config.write_text(self._config())
+        env = {**os.environ, "BENCH_PROVIDER_KEY": "sk-bench-fake",
+               "BENCH_PASSWORD": self.password, "BENCH_TOKEN": self.token}
+        for var in [v for v in env if v.startswith("TURND_")]:
+            del env[var]
+        log = self.log_file.open("wb")
+        self.proc = subprocess.Popen(
+            [*turnd_command(), "serve", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
+        )
+        log.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2) as client:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"turnd serve exited: {self.log_tail()}")
+                try:
+                    if client.get(self.base_url + "/healthz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
+        raise RuntimeError(f"turnd serve not ready after {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            _stop(self.proc, 40)
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+
+def spawn(args: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+    return subprocess.Popen(list(args), **kw)
