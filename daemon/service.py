@@ -190,14 +190,17 @@ class Service:
         from turns.state import StateDB
 
         async with AsyncExitStack() as stack:
+            key = "store.path" if self.config.store_kind == "local" else "store.service"
             try:
                 store = self.store = await open_store(self.config)
-                # Entered, not just opened: the pds store runs its feeds in its own task group.
-                await store.__aenter__()
             except (OSError, ValueError, StoreError) as err:
-                key = "store.path" if self.config.store_kind == "local" else "store.service"
                 raise ServiceError(f"{key}: cannot open the store: {err}") from None
-            stack.push_async_callback(_close, lambda: store.__aexit__(None, None, None))
+            # aclose again, shielded, after the context exits: a second signal cancels
+            # that exit, and an open connection would keep the process alive.
+            stack.push_async_callback(_close, store.aclose)
+            # Entered as a context, in nesting order: the pds store runs its feeds in a
+            # task group of its own.
+            await stack.enter_async_context(store)
             self._learn_dids()
             try:
                 self.state = await StateDB.open(self.config.state_path)

@@ -359,3 +359,43 @@ def test_help_everywhere() -> None:
             [TURND, "serve", "--help"], capture_output=True, text=True, timeout=30
         ).stdout
     )
+
+
+# -- a real PDS as the store ----------------------------------------------------------------
+
+
+@pytest.mark.pds
+def test_serve_on_a_pds_store_then_send(
+    tmp_path: Path, serve: Any, pds_account: Any, pds: Any
+) -> None:
+    port = free_port()
+    conf = tmp_path / "turnd.toml"
+    conf.write_text(
+        f"""
+[store]
+kind = "pds"
+service = "{pds.url}"
+[http]
+listen = "127.0.0.1:{port}"
+[accounts.me]
+handle = "{pds_account.handle}"
+password_env = "ME_APP_PASSWORD"
+token_env = "ME_TOKEN"
+"""
+    )
+    env = clean_env(ME_APP_PASSWORD=pds_account.app_password, ME_TOKEN="tok-pds-123456789")
+    env["TURND_HTTP_LISTEN"] = f"127.0.0.1:{port}"
+    checked = turnd("check", "--config", str(conf), cwd=tmp_path, env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert re.search(r"^ok\s+store\s+pds ", checked.stdout, re.M)
+
+    daemon = serve(tmp_path, env, "--config", str(conf))
+    daemon.wait_for(r"turnd: serving", timeout=30)
+    wait_healthy(daemon.url, timeout=15)
+    # the direct write goes to the PDS with the stock SDK; turnd sees it on the firehose
+    sent = turnd("send", "--config", str(conf), "hello pds", cwd=tmp_path, env=env)
+    assert sent.returncode == 0, sent.stderr + daemon.stderr()
+    assert sent.stdout == "Echo: hello pds\n"
+    assert (tmp_path / "state.sqlite3").exists()  # beside the config with a pds store
+    assert daemon.stop() == 0
+    assert pds_account.app_password not in daemon.stderr()
