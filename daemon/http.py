@@ -21,7 +21,6 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, R
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,7 +28,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import recordstore
-from daemon import xrpc
+from daemon import webui, xrpc
 from daemon.auth import bearer_token
 from recordstore import keys
 
@@ -216,6 +215,7 @@ def create_app(service: Any) -> FastAPI:
     _install_error_handlers(app)
     app.state.service = service
     app.include_router(api)
+    app.include_router(webui.router(service))  # /api/models, /api/render for the page
     _add_ops_routes(app, service)
     if _config(service, "store_kind", "local") == "local":
         app.include_router(xrpc.router(service))
@@ -240,7 +240,7 @@ def create_app(service: Any) -> FastAPI:
         )
     # Mounted last: "/" would otherwise shadow every route after it.
     if _config(service, "web", True) and WEB_DIR.is_dir():
-        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
+        app.mount("/", webui.static_files(WEB_DIR), name="web")  # with its CSP headers
     return app
 
 

@@ -1,0 +1,144 @@
+"""The built-in web chat page's side of the server (issue 8).
+
+Two small /api routes the page needs beyond SPEC §6, usable by any web client:
+
+- ``GET /api/models``: the configured providers' models (the echo labelled as such)
+  and the default, for the model picker;
+- ``POST /api/render`` ``{texts: [...]}`` -> ``{html: [...]}``: Markdown rendered on
+  the server with markdown-it-py, raw HTML off and linkify off. Images are never
+  loaded by the page: each becomes a link that opens it on click. The page shows
+  plain text while a part streams and asks for the rendered form once it is done.
+
+And :func:`static_files`, the page itself (``daemon/web/``) served with a strict
+Content-Security-Policy: no inline script or style, everything from this origin.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter
+from markdown_it import MarkdownIt
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["CSP", "render_markdown", "router", "static_files"]
+
+CSP = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data: blob:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    )
+)
+_PAGE_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    # Small files that change with the package: always revalidate (ETag makes it cheap).
+    (b"cache-control", b"no-cache"),
+]
+MAX_RENDER_TEXTS = 200
+
+
+def _markdown() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    md.enable(["table", "strikethrough"])
+
+    def image(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        # Never fetched by the page: a link the reader may open on purpose.
+        token = tokens[idx]
+        src = md.normalizeLink(token.attrGet("src") or "")
+        alt = "".join(child.content for child in token.children or ()) or "image"
+        if not md.validateLink(src):
+            return escape(f"[image: {alt}]")
+        return (
+            f'<a class="md-image" href="{escape(src)}" target="_blank" '
+            f'rel="noopener noreferrer nofollow">{escape(f"Image: {alt}")} (open)</a>'
+        )
+
+    def link_open(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        tokens[idx].attrSet("target", "_blank")
+        tokens[idx].attrSet("rel", "noopener noreferrer nofollow")
+        return renderer.renderToken(tokens, idx, options, env)
+
+    md.add_render_rule("image", image)
+    md.add_render_rule("link_open", link_open)
+    return md
+
+
+_MD = _markdown()
+
+
+def render_markdown(text: str) -> str:
+    """Safe HTML for one text part: no raw HTML, no auto-loaded images, safe links only."""
+    return _MD.render(text)
+
+
+class RenderBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    texts: list[Annotated[str, Field(max_length=500_000)]] = Field(max_length=MAX_RENDER_TEXTS)
+
+
+def router(service: Any) -> APIRouter:
+    """The page's /api routes; each needs the same bearer token as the rest of /api."""
+    from daemon.http import AccountDep  # the app's auth dependency, shared
+
+    api = APIRouter(prefix="/api", tags=["web"])
+
+    @api.get("/models")
+    async def models(acct: AccountDep) -> dict[str, Any]:
+        return {"models": list_models(service.config), "default": service.config.default_model}
+
+    @api.post("/render")
+    async def render(body: RenderBody, acct: AccountDep) -> dict[str, list[str]]:
+        return {"html": [render_markdown(t) for t in body.texts]}
+
+    return api
+
+
+def list_models(config: Any) -> list[dict[str, str]]:
+    """One entry per (provider, model): the provider's listed models, else its default."""
+    default_provider, _, default_id = config.default_model.partition(":")
+    out: list[dict[str, str]] = []
+    for name, provider in config.providers.items():
+        ids = list(provider.models)
+        if not ids and name == default_provider:
+            ids = [default_id]
+        label = getattr(provider, "label", None) or name
+        for model_id in ids:
+            out.append({"provider": name, "id": model_id, "label": f"{label} · {model_id}"})
+    return out
+
+
+# -- the page --------------------------------------------------------------------------------
+
+
+class _Headers:
+    """Adds the page's security headers to every response of the wrapped app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_PAGE_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def static_files(directory: Path) -> ASGIApp:
+    """``daemon/web`` at ``/`` (``index.html`` for the directory) with the CSP headers."""
+    return _Headers(StaticFiles(directory=directory, html=True))

@@ -1,0 +1,491 @@
+"""The built-in web chat page in a real browser (issue 8).
+
+Playwright for Python drives Debian's Chromium (``/usr/bin/chromium``) against a real
+``turnd serve`` subprocess whose only provider is the fake model server, all on
+loopback. Each test chats through the page as a user would and checks what it shows
+against the records the daemon wrote. Screenshots of the main states go to
+``test-artifacts/screenshots/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from recordstore.keys import new_tid
+from tests.fakemodel import FakeModel, Reply
+from tests.test_cli import TURND, clean_env, free_port, wait_healthy
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SHOTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "screenshots"
+TOKEN = "web-test-token-0123456789"
+PASSWORD = "web-test-password-0123"
+HANDLE = "me.test"
+TEXT = "network.sharedcomputer.chat.defs#textPart"
+MESSAGE = "network.sharedcomputer.chat.message"
+SLOW_WORDS = [f"w{i:02d} " for i in range(40)]
+
+
+# -- the fake model's script: the last user message picks the reply ---------------------------
+
+
+class Script:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        text = _last_user_text(request.get("messages", []))
+        with self.lock:
+            n = self.counts[text] = self.counts.get(text, 0) + 1
+        if text.startswith("slow"):
+            return Reply.text(SLOW_WORDS).delayed(chunk_delay=0.12)
+        if text.startswith("stall"):
+            return Reply.text(["Starting to ", "answer", " and never ending"]).stall(2)
+        if text.startswith("flaky") and n == 1:
+            return Reply.error(500, "upstream exploded")
+        if text.startswith("think"):
+            return Reply.reasoning(["Let me ", "think."], ["The **answer** ", "is 42."])
+        if text.startswith("markdown"):
+            return Reply.text(
+                ["# Title\n\nSome *emphasis*, `code`, <b>raw</b>, ",
+                 "![a cat](http://example.invalid/cat.png) and [a link](https://example.invalid)."]
+            )
+        return Reply.text([f"Answer {n} ", f"to {text}."]).delayed(chunk_delay=0.05)
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModel]:
+    with FakeModel(responder=Script()) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, fake: FakeModel) -> Iterator[str]:
+    work = tmp_path_factory.mktemp("web")
+    port = free_port()
+    conf = work / "turnd.toml"
+    conf.write_text(
+        f"""
+[http]
+listen = "127.0.0.1:{port}"
+[models]
+default = "fake:fake-model"
+[turns]
+ratePerMinute = 1000
+retries = 0
+[providers.fake]
+base_url = "{fake.base_url}"
+api_key_env = "FAKE_KEY"
+models = ["fake-model", "fake-large"]
+[accounts.me]
+handle = "{HANDLE}"
+password_env = "ME_PASSWORD"
+token_env = "ME_TOKEN"
+"""
+    )
+    env = clean_env(FAKE_KEY="sk-fake-123456", ME_PASSWORD=PASSWORD, ME_TOKEN=TOKEN)
+    out, err = (work / "serve.out").open("wb"), (work / "serve.err").open("wb")
+    proc = subprocess.Popen(
+        [TURND, "serve", "--config", str(conf)], cwd=work, env=env, stdout=out, stderr=err
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=20)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        out.close()
+        err.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's chromium "
+            "(apt-get install -y chromium chromium-driver), as .ci/run does"
+        )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is missing: pip install -e '.[test]'")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any, daemon: str) -> Iterator[Any]:
+    context = browser.new_context(base_url=daemon, viewport={"width": 1200, "height": 800})
+    context.set_default_timeout(10_000)
+    pg = context.new_page()
+    problems: list[str] = []
+    pg.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: problems.append(str(e)))
+    pg.problems = problems
+    pg.goto("/")
+    sign_in(pg)
+    yield pg
+    context.close()
+    # No CSP violation, no script error, nothing the page logged as an error.
+    assert not problems, problems
+
+
+@pytest.fixture
+def api(daemon: str) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=daemon, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    ) as client:
+        yield client
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+
+
+def sign_in(page: Any) -> None:
+    page.get_by_label("API token").fill(TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    page.locator("#app").wait_for(state="visible")
+
+
+def send(page: Any, text: str) -> None:
+    box = page.get_by_label("Message", exact=True)
+    box.fill(text)
+    box.press("Enter")
+
+
+def replies(page: Any) -> Any:
+    return page.locator("li.message.reply")
+
+
+def last_reply(page: Any) -> Any:
+    return replies(page).last
+
+
+def wait_status(reply: Any, status: str, timeout: float = 15_000) -> None:
+    from playwright.sync_api import expect
+
+    expect(reply).to_have_attribute("data-status", status, timeout=timeout)
+
+
+def current_skey(page: Any) -> str:
+    found = re.search(r"#c=(\w+)", page.url)
+    assert found, page.url
+    return found.group(1)
+
+
+def record(api: httpx.Client, skey: str, key: str) -> dict[str, Any]:
+    messages = api.get(f"/api/conversations/{skey}").json()["messages"]
+    return next(m["value"] for m in messages if m["key"] == key)
+
+
+def reply_text(value: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in value["content"]["parts"] if p["$type"] == TEXT)
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_page_headers_and_sign_in(daemon: str, browser: Any) -> None:
+    r = httpx.get(f"{daemon}/")
+    assert r.status_code == 200 and "<title>turnd</title>" in r.text
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'self'" in csp and "script-src 'self'" in csp
+    assert "connect-src 'self'" in csp and "img-src 'self' data: blob:" in csp
+    assert "unsafe-inline" not in csp
+    assert httpx.get(f"{daemon}/app.js").headers["content-security-policy"] == csp
+    assert httpx.get(f"{daemon}/api/models").status_code == 401
+
+    context = browser.new_context(base_url=daemon)
+    page = context.new_page()
+    page.goto("/")
+    page.get_by_label("API token").fill("wrong-token")
+    page.get_by_role("button", name="Sign in").click()
+    from playwright.sync_api import expect
+
+    expect(page.locator("#signin-error")).to_contain_text("not valid")
+    shot(page, "01-sign-in")
+    sign_in(page)
+    # The token is in local storage, never in the URL; a reload stays signed in.
+    assert TOKEN not in page.url
+    assert page.evaluate("localStorage.getItem('turnd.token')") == TOKEN
+    page.reload()
+    page.locator("#app").wait_for(state="visible")
+    options = page.locator("#model option").all_text_contents()
+    assert any("echo (built-in test provider)" in o for o in options)
+    assert any("fake-large" in o for o in options)
+    context.close()
+
+
+def test_send_and_stream_with_markdown(page: Any, api: httpx.Client) -> None:
+    send(page, "hello there")
+    reply = last_reply(page)
+    wait_status(reply, "complete")
+    assert reply.locator(".markdown").inner_text().strip() == "Answer 1 to hello there."
+    assert "fake:fake-model" in reply.locator(".meta").inner_text()
+    assert "tokens" in reply.locator(".meta").inner_text()
+    # The conversation list shows it, newest first.
+    skey = current_skey(page)
+    assert page.locator(".conversation").first.get_attribute("data-skey") == skey
+
+    send(page, "markdown please")
+    reply = last_reply(page)
+    wait_status(reply, "complete")
+    md = reply.locator(".markdown")
+    md.locator("h1").wait_for()
+    assert md.locator("h1").inner_text() == "Title"
+    assert md.locator("em").inner_text() == "emphasis"
+    assert md.locator("b").count() == 0 and "<b>raw</b>" in md.inner_text()
+    assert md.locator("img").count() == 0  # images only on click: a link
+    image = md.locator("a.md-image")
+    assert image.get_attribute("href") == "http://example.invalid/cat.png"
+
+    send(page, "think about it")
+    reply = last_reply(page)
+    wait_status(reply, "complete")
+    reasoning = reply.locator("details.reasoning")
+    assert reasoning.get_attribute("open") is None  # collapsed
+    reasoning.locator("summary").click()
+    assert reasoning.locator(".plain").inner_text() == "Let me think."
+    assert reply.locator(".markdown strong").inner_text() == "answer"
+    shot(page, "02-conversation")
+
+    page.emulate_media(color_scheme="dark")
+    shot(page, "03-conversation-dark")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "04-phone")
+    page.get_by_role("button", name="Conversations").click()
+    shot(page, "05-phone-menu")
+    page.keyboard.press("Escape")
+
+
+def test_reload_mid_stream_resumes_without_gap_or_repeat(page: Any, api: httpx.Client) -> None:
+    resumed_from: list[str] = []
+    page.on(
+        "request",
+        lambda r: resumed_from.append(r.headers.get("last-event-id", ""))
+        if r.url.endswith("/stream")
+        else None,
+    )
+    send(page, "slow story")
+    reply = last_reply(page)
+    plain = reply.locator(".plain")
+    # Wait for a few words, then reload in the middle of the stream.
+    page.wait_for_function(
+        "() => (document.querySelector('li.reply .plain')?.textContent || '').length > 20"
+    )
+    shot(page, "06-streaming")
+    page.reload()
+    page.locator("#app").wait_for(state="visible")
+    reply = last_reply(page)
+    final_text = "".join(SLOW_WORDS)
+    samples = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status = reply.get_attribute("data-status")
+        if status == "complete":
+            break
+        if status == "pending" and plain.count():
+            samples.append(reply.locator(".plain").first.text_content() or "")
+        time.sleep(0.05)
+    wait_status(reply, "complete")
+    # Every text shown while streaming was a prefix of the final text: nothing repeated,
+    # nothing skipped; and the streamed text is exactly the record's.
+    assert samples, "saw no streamed text after the reload"
+    assert all(final_text.startswith(s) for s in samples), samples
+    skey = current_skey(page)
+    key = reply.get_attribute("data-key")
+    value = record(api, skey, key)
+    assert reply_text(value) == final_text
+    assert reply.get_attribute("data-stream-text") == final_text
+    assert reply.locator(".markdown").inner_text().strip() == final_text.strip()
+    # The reloaded page resumed after the events it had seen, not from the start.
+    assert any(v not in ("", "0") for v in resumed_from), resumed_from
+
+
+def test_regenerate_and_switch_attempts(page: Any, api: httpx.Client) -> None:
+    send(page, "pick a number")
+    reply = last_reply(page)
+    wait_status(reply, "complete")
+    first = reply.locator(".markdown").inner_text().strip()
+    assert first.startswith("Answer ")
+    reply.get_by_role("button", name="Regenerate").click()
+    page.locator("li.reply .nav .count", has_text="2/2").wait_for()
+    reply = last_reply(page)
+    wait_status(reply, "complete")
+    second = reply.locator(".markdown").inner_text().strip()
+    assert second != first and reply.get_attribute("data-key").endswith(".r1")
+    shot(page, "07-regenerated")
+    reply.get_by_role("button", name="Previous attempt").click()
+    page.locator("li.reply .nav .count", has_text="1/2").wait_for()
+    assert last_reply(page).locator(".markdown").inner_text().strip() == first
+    assert last_reply(page).get_attribute("data-key").endswith(".r0")
+    # Keyboard: focus stays on the switcher, so Enter on "next" goes back.
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    page.locator("li.reply .nav .count", has_text="2/2").wait_for()
+    assert last_reply(page).locator(".markdown").inner_text().strip() == second
+
+
+def test_edit_makes_a_switchable_branch(page: Any, api: httpx.Client) -> None:
+    send(page, "first question")
+    wait_status(last_reply(page), "complete")
+    send(page, "follow up")
+    wait_status(last_reply(page), "complete")
+    user = page.locator("li.message.user").last
+    user.get_by_role("button", name="Edit").click()
+    editor = page.get_by_label("Edit message")
+    editor.fill("follow up, edited")
+    editor.press("Enter")
+    page.locator("li.user .nav .count", has_text="2/2").wait_for()
+    wait_status(last_reply(page), "complete")
+    assert "follow up, edited" in page.locator("li.message.user").last.inner_text()
+    assert "to follow up, edited." in last_reply(page).inner_text()
+    assert page.locator("li.message").count() == 4  # root -> reply -> edited -> reply
+    shot(page, "08-edited-branch")
+    page.get_by_role("button", name="Previous version").click()
+    page.locator("li.user .nav .count", has_text="1/2").wait_for()
+    assert "to follow up." in last_reply(page).inner_text()
+    # Both branches share the root; the records say so.
+    skey = current_skey(page)
+    messages = api.get(f"/api/conversations/{skey}").json()["messages"]
+    users = [m for m in messages if m["value"]["role"] == "user"]
+    assert len(users) == 3 and users[1]["value"]["parent"] == users[2]["value"]["parent"]
+
+
+def test_cancel_while_streaming(page: Any, api: httpx.Client) -> None:
+    send(page, "stall forever")
+    reply = last_reply(page)
+    reply.locator(".plain", has_text="Starting to").wait_for()
+    assert page.locator("#send").is_disabled()
+    shot(page, "09-before-cancel")
+    page.keyboard.press("Escape")  # Escape cancels the running reply
+    wait_status(reply, "cancelled")
+    assert "Starting to" in reply.inner_text()
+    value = record(api, current_skey(page), reply.get_attribute("data-key"))
+    assert value["status"] == "cancelled"
+    assert page.locator("#send").is_enabled()
+    shot(page, "10-cancelled")
+
+
+def test_error_reply_and_retry(page: Any, api: httpx.Client) -> None:
+    send(page, "flaky request")
+    reply = last_reply(page)
+    wait_status(reply, "error")
+    alert = reply.get_by_role("alert")
+    assert "Error" in alert.inner_text()
+    shot(page, "11-error")
+    alert.get_by_role("button", name="Retry").click()
+    page.locator("li.reply .nav .count", has_text="2/2").wait_for()
+    reply = last_reply(page)
+    wait_status(reply, "complete")
+    assert "to flaky request." in reply.inner_text()
+    assert record(api, current_skey(page), reply.get_attribute("data-key"))["status"] == "complete"
+
+
+def test_direct_write_reply_appears_live(page: Any, api: httpx.Client, daemon: str) -> None:
+    send(page, "start here")
+    wait_status(last_reply(page), "complete")
+    skey = current_skey(page)
+    parent = last_reply(page).get_attribute("data-key")
+    # Another client writes a user message through XRPC, as a stock atproto client would.
+    with httpx.Client(base_url=daemon, timeout=10) as xrpc:
+        session = xrpc.post(
+            "/xrpc/com.atproto.server.createSession",
+            json={"identifier": HANDLE, "password": PASSWORD},
+        ).json()
+        key = new_tid()
+        created = xrpc.post(
+            "/xrpc/com.atproto.repo.createRecord",
+            headers={"Authorization": f"Bearer {session['accessJwt']}"},
+            json={
+                "repo": session["did"],
+                "collection": MESSAGE,
+                "rkey": f"{skey}:{key}",
+                "record": {
+                    "$type": MESSAGE,
+                    "role": "user",
+                    "parent": parent,
+                    "content": {
+                        "$type": "network.sharedcomputer.chat.defs#plainContent",
+                        "parts": [{"$type": TEXT, "text": "slow from another client"}],
+                    },
+                    "generation": {},
+                    "createdAt": "2025-01-01T00:00:00.000Z",
+                },
+            },
+        )
+        assert created.status_code == 200, created.text
+    # No reload: the page picks it up and follows the reply's stream.
+    page.locator("li.message.user", has_text="slow from another client").wait_for()
+    reply = page.locator(f'li.reply[data-key="{key}.r0"]')
+    reply.wait_for()
+    wait_status(reply, "complete", timeout=20_000)
+    assert reply_text(record(api, skey, f"{key}.r0")) == "".join(SLOW_WORDS)
+    assert reply.locator(".markdown").inner_text().strip() == "".join(SLOW_WORDS).strip()
+    shot(page, "12-direct-write")
+
+
+def test_attachment_and_keyboard_newline(page: Any, tmp_path: Path) -> None:
+    note = tmp_path / "notes.txt"
+    note.write_text("remember the milk")
+    page.locator("#file").set_input_files(str(note))
+    page.locator("#attachments li", has_text="notes.txt").wait_for()
+    box = page.get_by_label("Message", exact=True)
+    box.fill("line one")
+    box.press("Shift+Enter")
+    box.type("line two")
+    assert box.input_value() == "line one\nline two"
+    box.press("Enter")
+    user = page.locator("li.message.user").last
+    user.locator(".chip", has_text="notes.txt").wait_for()
+    assert "line one\nline two" in user.inner_text()
+    wait_status(last_reply(page), "complete")
+    assert page.locator("#attachments li").count() == 0
+    shot(page, "13-attachment")
