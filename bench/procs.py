@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -99,6 +100,10 @@ class FakeModelProc:
 
 
 def turnd_command() -> list[str]:
+    """``turnd``; ``$TURND_BENCH_TURND`` replaces it (e.g. a profiler or a patched build)."""
+    override = os.environ.get("TURND_BENCH_TURND")
+    if override:
+        return shlex.split(override)
     script = Path(sys.executable).parent / "turnd"
     if script.exists():
         return [str(script)]
@@ -118,6 +123,8 @@ class TurndProc:
 
     providers: dict[str, str]
     rate_per_minute: int = 1_000_000
+    # The command that runs turnd (default: ``turnd``); e.g. a profiler in front of it.
+    command: list[str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -171,7 +178,7 @@ class TurndProc:
             del env[var]
         log = self.log_file.open("wb")
         self.proc = subprocess.Popen(
-            [*turnd_command(), "serve", "--config", str(config)],
+            [*(self.command or turnd_command()), "serve", "--config", str(config)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
         )
         log.close()
