@@ -13,7 +13,8 @@ And :func:`static_files`, the page itself (``daemon/web/``) served with a strict
 Content-Security-Policy: no inline script or style, everything from this origin.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": FastAPI reads the route annotations below,
+# and AccountDep is imported inside router() (daemon.http imports this module).
 
 from html import escape
 from pathlib import Path

@@ -303,9 +303,9 @@ function siblingNav(message, siblings, noun) {
     renderMarkdownLater();
   };
   return h('span', { class: 'nav', role: 'group', 'aria-label': `${noun}s` },
-    h('button', { type: 'button', class: 'ghost', id: `${noun}-prev-${at}`, 'aria-label': `Previous ${noun}`, disabled: i === 0, onclick: go(-1), text: '‹' }),
+    h('button', { type: 'button', class: 'ghost', id: `${noun}-prev-${at}`, 'aria-label': `Previous ${noun}`, 'aria-disabled': i === 0 ? 'true' : null, onclick: go(-1), text: '‹' }),
     h('span', { class: 'count', text: `${i + 1}/${siblings.length}` }),
-    h('button', { type: 'button', class: 'ghost', id: `${noun}-next-${at}`, 'aria-label': `Next ${noun}`, disabled: i === siblings.length - 1, onclick: go(1), text: '›' }));
+    h('button', { type: 'button', class: 'ghost', id: `${noun}-next-${at}`, 'aria-label': `Next ${noun}`, 'aria-disabled': i === siblings.length - 1 ? 'true' : null, onclick: go(1), text: '›' }));
 }
 
 function renderMessage(message, siblings) {
@@ -366,7 +366,8 @@ function fillReply(li, message, siblings) {
   const { key, value } = message;
   const st = state.streams.get(key);
   const live = st && !st.final;
-  const parts = live ? st.parts : recordParts(value);
+  // Until the final record is loaded, the stream's parts are the freshest there are.
+  const parts = st && (live || !value.status || value.status === 'pending') ? st.parts : recordParts(value);
   const status = live ? (st.queued && !st.parts.length ? 'queued' : 'pending') : (st?.final?.status || value.status || 'complete');
   li.dataset.status = status;
   const done = state.finished.get(key);
@@ -524,7 +525,6 @@ async function follow(skey, key) {
     }
   }
   if (st.final) {
-    state.finished.set(key, { ms: Date.now() - st.started, text: st.parts.filter((p) => p.type === 'text').map((p) => p.text).join('') });
     sessionStorage.removeItem(streamKey(skey, key));
     clearTimeout(st.saveTimer);
     announce(`Reply ${st.final.status}${st.final.error ? `: ${st.final.error}` : ''}`);
@@ -586,7 +586,12 @@ function apply(st, ev) {
       break;
     }
     case 'part': st.parts[d.index] = { type: PART_TYPES[d.part.$type] || 'unknown', part: d.part, done: true }; break;
-    case 'status': st.final = d; stopStream(st); break;
+    case 'status':
+      st.final = d;
+      // What the stream showed, kept for the finished reply (data-stream-text) with its time.
+      state.finished.set(st.key, { ms: Date.now() - st.started, text: st.parts.filter((p) => p.type === 'text').map((p) => p.text).join('') });
+      stopStream(st);
+      break;
     default: return;
   }
   if (!st.final) saveSoon(st);
