@@ -52,6 +52,9 @@ class Daemon:
     http: httpx.AsyncClient  # authenticated as alice
     base_url: str
     fake: FakeModel
+    # Set by a test that leaves turns waiting (e.g. queued past the rate limit): the
+    # daemon is then stopped at once, as by a second SIGTERM, not drained.
+    kill_on_exit: bool = False
 
     def client(self, token: str | None = ALICE_TOKEN) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -136,11 +139,16 @@ async def running_daemon(
             await ready.wait()
         base_url = f"http://127.0.0.1:{service.port}"
         headers = {"Authorization": f"Bearer {ALICE_TOKEN}"}
+        daemon: Daemon | None = None
         try:
             async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10) as http:
-                yield Daemon(service, http, base_url, fake)
+                daemon = Daemon(service, http, base_url, fake)
+                yield daemon
         finally:
-            service.request_stop()
+            if daemon is not None and daemon.kill_on_exit:
+                tg.cancel_scope.cancel()
+            else:
+                service.request_stop()
 
 
 async def sse_events(response: httpx.Response, *, limit: int | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,155 @@
+"""Reply streams over SSE: replay, resume, stored status, keepalive, disconnects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import fastapi.routing
+import pytest
+
+from recordstore import MESSAGE
+from tests.daemon_fixtures import ALICE, Daemon, running_daemon, sse_events
+from tests.fakemodel import FakeModel, Reply
+
+pytestmark = pytest.mark.anyio
+
+PLAIN = "network.sharedcomputer.chat.defs#plainContent"
+
+
+def stream_url(skey: str, reply_key: str) -> str:
+    return f"/api/conversations/{skey}/messages/{reply_key}/stream"
+
+
+async def read_stream(
+    dm: Daemon, skey: str, reply_key: str, *, limit: int | None = None, **headers: str
+) -> list[dict[str, Any]]:
+    async with dm.http.stream("GET", stream_url(skey, reply_key), headers=headers) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return [e for e in await sse_events(r, limit=limit) if "comment" not in e]
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["data"]["text"] for e in events if e["event"] == "delta")
+
+
+async def test_live_stream_then_replay_to_a_late_subscriber(
+    tmp_path: Path, fake_model: FakeModel
+) -> None:
+    fake_model.default = Reply.tokens(20).delayed(chunk_delay=0.01)
+    async with running_daemon(tmp_path, fake_model) as dm:
+        skey = await dm.conversation()
+        posted = await dm.post(skey, "count", generation={})
+        live = await read_stream(dm, skey, posted["replyKey"])
+        assert [int(e["id"]) for e in live] == list(range(1, len(live) + 1))
+        assert live[0] == {"id": "1", "event": "part-start", "data": {"index": 0, "type": "text"}}
+        assert live[-1]["event"] == "status" and live[-1]["data"]["status"] == "complete"
+        assert live[-1]["data"]["model"] == {"provider": "fake", "id": "fake-model"}
+        final = await dm.final(skey, posted["replyKey"])
+        assert text_of(live) == final["content"]["parts"][0]["text"]
+
+        # The turn is over; its buffer is kept a minute: a late subscriber gets it all.
+        assert await read_stream(dm, skey, posted["replyKey"]) == live
+
+
+async def test_resume_with_last_event_id(tmp_path: Path, fake_model: FakeModel) -> None:
+    fake_model.default = Reply.tokens(30).delayed(chunk_delay=0.02)
+    async with running_daemon(tmp_path, fake_model) as dm:
+        skey = await dm.conversation()
+        posted = await dm.post(skey, "count", generation={})
+        reply_key = posted["replyKey"]
+        head = await read_stream(dm, skey, reply_key, limit=5)  # then disconnect mid-turn
+        assert [e["id"] for e in head] == ["1", "2", "3", "4", "5"]
+        tail = await read_stream(dm, skey, reply_key, **{"Last-Event-ID": "5"})
+        ids = [int(e["id"]) for e in head + tail]
+        assert ids == list(range(1, len(ids) + 1))  # none twice, none lost
+        assert tail[-1]["event"] == "status"
+        final = await dm.final(skey, reply_key)
+        assert text_of(head + tail) == final["content"]["parts"][0]["text"]
+        # The query parameter does the same for readers that cannot set headers.
+        async with dm.http.stream("GET", stream_url(skey, reply_key) + "?lastEventId=29") as r:
+            after = await sse_events(r)
+        assert [e["id"] for e in after] == [str(i) for i in range(30, ids[-1] + 1)]
+        # A bad id is a 422, not a 500.
+        async with dm.http.stream(
+            "GET", stream_url(skey, reply_key), headers={"Last-Event-ID": "x"}
+        ) as r:
+            assert r.status_code == 422
+
+
+async def test_stored_status_when_not_running_here(tmp_path: Path, fake_model: FakeModel) -> None:
+    async with running_daemon(tmp_path, fake_model) as dm:
+        skey = await dm.conversation()
+        posted = await dm.post(skey, "hi")
+        # A reply this process never ran (another daemon's, or from before a restart).
+        reply_key = f"{posted['userKey']}.r0"
+        await dm.service.store.create_record(
+            ALICE,
+            skey,
+            MESSAGE,
+            reply_key,
+            {
+                "$type": MESSAGE,
+                "role": "assistant",
+                "parent": posted["userKey"],
+                "content": {"$type": PLAIN, "parts": []},
+                "status": "error",
+                "error": "interrupted",
+                "createdAt": "2026-01-01T00:00:00.000Z",
+            },
+        )
+        events = await read_stream(dm, skey, reply_key)
+        assert events == [
+            {"id": "1", "event": "status", "data": {"status": "error", "error": "interrupted"}}
+        ]
+        events = await read_stream(dm, skey, reply_key, **{"Last-Event-ID": "7"})
+        assert [e["id"] for e in events] == ["8"]
+        # No record at that key, or a user message: 404 before any stream starts.
+        for key in (f"{posted['userKey']}.r5", posted["userKey"]):
+            r = await dm.http.get(stream_url(skey, key))
+            assert (r.status_code, r.json()["error"]) == (404, "NotFound")
+
+
+async def test_disconnect_does_not_cancel_and_slow_readers_do_not_slow(
+    tmp_path: Path, fake_model: FakeModel
+) -> None:
+    word = "word" * 50
+    fake_model.default = Reply.tokens(400, word=word).delayed(chunk_delay=0.001)
+    async with running_daemon(tmp_path, fake_model) as dm:
+        skey = await dm.conversation()
+        posted = await dm.post(skey, "long", generation={})
+        reply_key = posted["replyKey"]
+        # One reader leaves after two events; another never reads past the headers.
+        await read_stream(dm, skey, reply_key, limit=2)
+        async with dm.client() as slow, slow.stream("GET", stream_url(skey, reply_key)) as r:
+            assert r.status_code == 200
+            final = await dm.final(skey, reply_key, wait=10)
+            assert final["status"] == "complete"
+            text = final["content"]["parts"][0]["text"]
+            assert text == "".join(f"{word}{i} " for i in range(400))
+
+
+async def test_keepalive_and_queued(
+    tmp_path: Path, fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fastapi.sse pings every 15 s when a stream is idle; shortened here to see one.
+    monkeypatch.setattr(fastapi.routing, "_PING_INTERVAL", 0.2)
+    fake_model.default = Reply.text(["slow"]).delayed(ttft=1.0)
+    async with running_daemon(tmp_path, fake_model, turns={"ratePerMinute": 1}) as dm:
+        skey = await dm.conversation()
+        first = await dm.post(skey, "one", generation={})
+        assert first["turn"] == "claimed"
+        async with dm.http.stream("GET", stream_url(skey, first["replyKey"])) as r:
+            events = await sse_events(r)
+        assert {"comment": "ping"} in events  # during the model's 1 s before its first token
+        assert events[-1]["event"] == "status"
+
+        second = await dm.post(skey, "two", generation={})
+        assert second["turn"] == "queued"
+        dm.kill_on_exit = True  # the queued turn would hold a drain for the rest of the minute
+        with anyio.fail_after(5):
+            async with dm.http.stream("GET", stream_url(skey, second["replyKey"])) as r:
+                events = await sse_events(r, limit=1)
+        assert events[0] == {"id": "1", "event": "queued", "data": {}}
