@@ -15,6 +15,7 @@ bare 500. Clients can tell a lost claim from a failure without reading back.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -59,6 +60,10 @@ _MAGIC: list[tuple[bytes, int, str]] = [
 ]
 
 
+_MIME_RE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*")
+MAX_BLOB_BYTES = 50_000_000  # the largest blob the chat lexicons allow (filePart.file)
+
+
 class XrpcError(Exception):
     """An error answered as a PDS answers it: ``{"error": name, "message": ...}``."""
 
@@ -92,7 +97,7 @@ def session_tokens(state_path: Path | None, audience: str) -> SessionTokens:
 def sniff_mime(data: bytes, declared: str | None) -> str:
     """The declared type, unless it says nothing, then the sniffed one."""
     declared = (declared or "").split(";")[0].strip().lower()
-    if declared and declared not in ("*/*", "application/octet-stream"):
+    if _MIME_RE.fullmatch(declared) and declared not in ("*/*", "application/octet-stream"):
         return declared
     for magic, offset, mime in _MAGIC:
         if data[offset : offset + len(magic)] == magic and (offset == 0 or data[:4] == b"RIFF"):
@@ -410,6 +415,8 @@ class _Xrpc:
         data = await request.body()
         if not data:
             raise XrpcError(400, "InvalidRequest", "Request body is empty")
+        if len(data) > MAX_BLOB_BYTES:
+            raise XrpcError(413, "PayloadTooLarge", f"blobs may be at most {MAX_BLOB_BYTES} bytes")
         mime = sniff_mime(data, request.headers.get("content-type"))
         blob = await self._store.upload_blob(did, data, mime)
         return {"blob": blob}

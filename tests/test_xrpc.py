@@ -242,6 +242,17 @@ async def test_put_swap_delete_and_blobs(tmp_path: Path, fake_model: FakeModel) 
         assert uploaded.blob.mime_type == "image/png" and uploaded.blob.size == len(png)
         back = await client.com.atproto.sync.get_blob({"did": ALICE, "cid": uploaded.blob.ref.link})
         assert back == png
+        # A Content-Type that is no media type is not trusted (and is no 500).
+        async with httpx.AsyncClient(base_url=dm.base_url) as raw:
+            r = await raw.post(
+                "/xrpc/com.atproto.repo.uploadBlob",
+                content=b"plain bytes",
+                headers={
+                    "Authorization": f"Bearer {client._session.access_jwt}",
+                    "Content-Type": "not a type",
+                },
+            )
+        assert r.status_code == 200 and r.json()["blob"]["mimeType"] == "application/octet-stream"
 
         described = await repo.describe_repo({"repo": "alice.test"})
         assert described.did == ALICE and described.handle_is_correct
