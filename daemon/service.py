@@ -25,9 +25,10 @@ from typing import Any
 
 import anyio
 import uvicorn
+from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from daemon.config import Account, Config, ConfigError
+from daemon.config import ECHO, Account, Config, ConfigError, echo_provider
 from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore, StoreError
 
 log = logging.getLogger("turnd.service")
@@ -160,6 +161,10 @@ class Service:
     async def run(self, *, on_ready: Callable[[Service], None] | None = None) -> None:
         sock = bind_socket(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
+        if self.port != self.config.port:
+            # Port 0 (tests): the built-in echo must point at the port actually bound.
+            host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+            self.config.providers[ECHO] = echo_provider(f"{host}:{self.port}")
         try:
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watch_signals, outer.cancel_scope)
@@ -243,8 +248,8 @@ class Service:
                         served.set()
                         self._stop.set()  # uvicorn ending on its own drains the rest too
 
+                await tg.start(self._feed_loop)
                 tg.start_soon(serve_http)
-                tg.start_soon(self._feed_loop)
                 tg.start_soon(self._flush_loop)
                 if on_ready is not None:
                     tg.start_soon(self._announce, server, on_ready)
@@ -264,10 +269,14 @@ class Service:
 
     # -- the change feed -----------------------------------------------------------------
 
-    async def _feed_loop(self) -> None:
+    async def _feed_loop(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """store.changes -> engine.on_change, resuming from the last handled cursor."""
         assert self.store is not None and self.state is not None
         self._handled_cursor = self._saved_cursor = await self.state.get_cursor(FEED_CURSOR)
+        self.feed_up = True
+        task_status.started()  # HTTP starts after this: /healthz is never 503 at start-up
         delay = 0.5
         while not self._stop.is_set():
             try:

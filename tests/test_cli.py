@@ -399,3 +399,60 @@ token_env = "ME_TOKEN"
     assert (tmp_path / "state.sqlite3").exists()  # beside the config with a pds store
     assert daemon.stop() == 0
     assert pds_account.app_password not in daemon.stderr()
+
+
+# -- the service in-process: the change feed and its cursor -----------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_direct_write_is_answered_and_the_feed_cursor_saved(tmp_path: Path) -> None:
+    from daemon.config import local_did
+    from recordstore import CONVERSATION, INFO
+    from recordstore.keys import new_tid
+    from recordstore.local import LocalStore
+    from tests.daemon_fixtures import running_daemon
+    from turns.state import StateDB
+
+    alice = local_did("alice.test")
+    with FakeModel(default=Reply.text(["di", "rect"])) as fake:
+        async with running_daemon(tmp_path, fake) as daemon:
+            assert daemon.service.feed_up
+            # another writer on the same store files, as a second process would be
+            async with LocalStore.open(tmp_path / "data") as other:
+                skey, key = new_tid(), new_tid()
+                now = "2030-01-01T00:00:00.000Z"
+                await other.create_space(alice, CONVERSATION, skey)
+                await other.create_record(alice, skey, INFO, "self", {"createdAt": now})
+                message = {
+                    "role": "user",
+                    "content": {
+                        "$type": "network.sharedcomputer.chat.defs#plainContent",
+                        "parts": [{"$type": TEXT, "text": "hi"}],
+                    },
+                    "generation": {"attempt": 0},
+                    "createdAt": datetime_now(),
+                }
+                await other.create_record(alice, skey, MESSAGE, key, message)
+                with anyio.fail_after(10):
+                    while True:
+                        reply = await other.get_record(alice, skey, MESSAGE, f"{key}.r0")
+                        if reply is not None and reply.value["status"] != "pending":
+                            break
+                        await anyio.sleep(0.05)
+                assert reply.value["status"] == "complete"
+                last = None
+                with anyio.move_on_after(0.5):
+                    async for change in other.changes(None):
+                        last = change.cursor
+        # stopped: the saved cursor is exactly the last change handled, not beyond
+        state = await StateDB.open(tmp_path / "data" / "state.sqlite3")
+        try:
+            assert await state.get_cursor("changes") == last
+        finally:
+            await state.aclose()
+
+
+def datetime_now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
