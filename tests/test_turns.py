@@ -620,3 +620,16 @@ async def test_the_turn_after_hook_runs_after_the_final_record_is_written_with_t
     assert statuses == {posted.reply_key: "complete"}
     assert ctx.user == DID and ctx.reply["status"] == "complete" and ctx.model["id"] == "fake-model"
     assert ctx.conversation.endswith(skey)
+
+
+async def test_shutdown_stops_queued_turns_at_once_and_keeps_their_requests_for_the_next_start(tmp_path, fake):
+    async with turn_kit(tmp_path, fake, settings=TurnSettings(retries=0, rate_per_minute=1)) as kit:
+        skey = await kit.conversation()
+        first = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("1")], generation={})
+        await kit.reply(skey, first.reply_key)
+        second = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("2")], generation={})
+        assert second.turn == "queued"
+        with anyio.fail_after(5):
+            await kit.engine.shutdown(grace=30)
+        assert second.reply_key not in await kit.messages(skey)
+        assert [r.user_key for r in await kit.state.requests()] == [second.user_key]

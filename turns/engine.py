@@ -118,6 +118,7 @@ class _Running:
     scope: anyio.CancelScope
     cancel_requested: bool = False
     shutdown: bool = False
+    queued: bool = False  # waiting for the rate limit, nothing claimed yet
     buffer: StreamBuffer | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -179,14 +180,23 @@ class TurnEngine:
         return self._tg
 
     async def shutdown(self, grace: float = 30) -> None:
-        """Take no new turns; let running ones finish for ``grace`` s, then cancel the rest."""
+        """Take no new turns; let running ones finish for ``grace`` s, then cancel the rest.
+
+        Queued turns stop at once: nothing is claimed for them, and their requests
+        stay in the state file for the next start.
+        """
         self._accepting = False
+        self._cancel_all(queued_only=True)
         with anyio.move_on_after(grace):
             await self._idle.wait()
-        for running in list(self._running.values()):
-            running.shutdown = True
-            running.scope.cancel()
+        self._cancel_all(queued_only=False)
         await self._idle.wait()
+
+    def _cancel_all(self, *, queued_only: bool) -> None:
+        for running in list(self._running.values()):
+            if running.queued or not queued_only:
+                running.shutdown = True
+                running.scope.cancel()
 
     async def recover(self) -> None:
         """At start-up: our interrupted claims become errors; young requests run again."""
@@ -405,6 +415,7 @@ class TurnEngine:
         running = _Running(anyio.CancelScope())
         # 3. Rate limit: wait unclaimed.
         if not self._limiter.try_acquire(did, settings.rate_per_minute):
+            running.queued = True
             running.buffer = self._streams.open(did, skey, reply)
             running.buffer.publish("queued", {})
             self._running[(did, skey, reply)] = running
@@ -416,8 +427,10 @@ class TurnEngine:
             finally:
                 self.metrics.queue.dec()
                 self._running.pop((did, skey, reply), None)
+                running.queued = False
             if running.scope.cancel_called:
                 if running.shutdown:
+                    running.buffer.close()
                     return  # the request stays in turn_request for the next start
                 running = _Running(anyio.CancelScope(), cancel_requested=True, buffer=running.buffer)
                 running.scope.cancel()
