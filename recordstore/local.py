@@ -38,7 +38,13 @@ from recordstore import (
     StoreError,
 )
 from recordstore.cid import blob_cid, record_cid
-from recordstore.keys import validate_collection, validate_did, validate_key, validate_space_key
+from recordstore.keys import (
+    repo_rkey,
+    validate_collection,
+    validate_did,
+    validate_key,
+    validate_space_key,
+)
 from recordstore.lexicon import validate_record
 
 __all__ = ["DB_NAME", "LocalStore", "MAX_BLOB_BYTES", "MAX_RECORD_BYTES"]
@@ -186,6 +192,38 @@ class LocalStore(RecordStore):
         rows = await self._read(sql, params)
         records = [_record(r) for r in rows[:limit]]
         return records, (records[-1].key if len(rows) > limit else None)
+
+    async def list_repo_records(
+        self,
+        did: str,
+        collection: str,
+        *,
+        cursor: str | None = None,
+        limit: int = 100,
+        reverse: bool = False,
+    ) -> tuple[list[Record], str | None]:
+        """One collection across every space, in classic-repo rkey order (``<space>:<key>``).
+
+        PDS semantics, for XRPC ``listRecords``: descending unless ``reverse``; the
+        cursor is an rkey and the next cursor the last rkey of the page.
+        """
+        validate_did(did)
+        validate_collection(collection)
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        after, order = (">", "ASC") if reverse else ("<", "DESC")
+        rkey = "(space || ':' || key)"
+        sql = f"SELECT {_RECORD_COLS} FROM records WHERE did = ? AND collection = ?"
+        params: list[Any] = [did, collection]
+        if cursor is not None:
+            sql += f" AND {rkey} {after} ?"
+            params.append(cursor)
+        sql += f" ORDER BY {rkey} {order} LIMIT ?"
+        params.append(limit + 1)
+        rows = await self._read(sql, params)
+        records = [_record(r) for r in rows[:limit]]
+        more = repo_rkey(records[-1].space, records[-1].key) if len(rows) > limit else None
+        return records, more
 
     async def create_record(
         self, did: str, space: str, collection: str, key: str, value: dict[str, Any]

@@ -198,6 +198,9 @@ async def test_listing_pages_in_pds_order(tmp_path: Path, fake_model: FakeModel)
             {"repo": ALICE, "collection": MESSAGE, "cursor": f"{skey}:~"}
         )
         assert [r.uri.rsplit(":", 1)[1] for r in page.records] == keys[::-1]
+        # Without a cursor, as a stock script would, the whole repo's collection, newest first.
+        page = await client.com.atproto.repo.list_records({"repo": ALICE, "collection": MESSAGE})
+        assert [r.uri.rsplit("/", 1)[1] for r in page.records][:5] == [f"{skey}:{k}" for k in keys[::-1]]
 
 
 async def test_put_swap_delete_and_blobs(tmp_path: Path, fake_model: FakeModel) -> None:
