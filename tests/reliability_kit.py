@@ -362,32 +362,35 @@ def _fake_main(args: argparse.Namespace) -> int:
 
 
 def _writer_main(args: argparse.Namespace) -> int:
-    """Creates, puts and deletes records in a loop, forever; printed 'ready' first."""
+    """A zygote of store writers: imports once, then for each ``go SEED`` line on stdin
+    forks a child that creates, puts and deletes records in a loop until it is killed.
+
+    Prints ``loaded`` once imported, ``ready PID`` when a child has the store open, and
+    ``exit PID SIGNAL`` when that child has died (the test kills it with SIGKILL)."""
     from recordstore import CONVERSATION
     from recordstore.keys import new_tid
     from recordstore.local import LocalStore
 
-    rng = random.Random(args.seed)
-
-    async def run() -> None:
+    async def run(seed: int) -> None:
+        rng = random.Random(seed)
         async with LocalStore.open(args.data, poll_interval=0.05) as store:
             skey = args.space
             await store.create_space(ALICE, CONVERSATION, skey)
-            mine: list[str] = []
-            print("ready", flush=True)
+            mine = [r.key for r in (await store.list_records(ALICE, skey, MESSAGE, limit=100))[0]]
+            print(f"ready {os.getpid()}", flush=True)
             i = 0
             while True:
                 i += 1
                 roll = rng.random()
                 if roll < 0.5 or not mine:
                     key = new_tid()
-                    text = f"w{args.seed}-{i} " + "x" * rng.randrange(0, 4000)
+                    text = f"w{seed}-{i} " + "x" * rng.randrange(0, 1500)
                     await store.create_record(ALICE, skey, MESSAGE, key, user_message(text))
                     mine.append(key)
                 elif roll < 0.9:
                     key = rng.choice(mine)
                     rec = await store.get_record(ALICE, skey, MESSAGE, key)
-                    value = user_message(f"put {i} " + "y" * rng.randrange(0, 4000))
+                    value = user_message(f"put {i} " + "y" * rng.randrange(0, 1500))
                     await store.put_record(
                         ALICE, skey, MESSAGE, key, value, swap_cid=rec.cid if rec else None
                     )
@@ -395,7 +398,19 @@ def _writer_main(args: argparse.Namespace) -> int:
                     key = mine.pop(rng.randrange(len(mine)))
                     await store.delete_record(ALICE, skey, MESSAGE, key)
 
-    asyncio.run(run())
+    print("loaded", flush=True)
+    for line in sys.stdin:
+        command, _, seed = line.partition(" ")
+        if command != "go":
+            break
+        pid = os.fork()
+        if pid == 0:  # the child: write until killed
+            try:
+                asyncio.run(run(int(seed)))
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {pid} {os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1}", flush=True)
     return 0
 
 
