@@ -308,7 +308,7 @@ def test_sigterm_lets_a_running_turn_finish(tmp_path: Path, serve: Any) -> None:
         daemon = serve(tmp_path, env, "--config", str(conf))
         daemon.wait_for(r"turnd: serving")
         _, skey, reply = _start_turn(daemon.url)
-        fake.wait_for_requests(1)
+        fake.wait_for_requests(1, timeout=20)
         began = time.monotonic()
         assert daemon.stop(signal.SIGTERM) == 0
         # it waited for the turn (about 2 s of chunks) rather than cutting it off
@@ -328,14 +328,14 @@ def test_a_second_signal_exits_at_once_and_restart_marks_it_interrupted(
         daemon = serve(tmp_path, env, "--config", str(conf))
         daemon.wait_for(r"turnd: serving")
         _, skey, reply = _start_turn(daemon.url)
-        fake.wait_for_requests(1)
+        fake.wait_for_requests(1, timeout=20)
         daemon.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert daemon.proc.poll() is None  # draining: the turn has up to 30 s
         began = time.monotonic()
         daemon.proc.send_signal(signal.SIGINT)
         daemon.proc.wait(10)
-        assert time.monotonic() - began < 5
+        assert time.monotonic() - began < 8  # not the 30 s grace
         assert "exiting now" in daemon.stderr()
 
         # the next start writes our interrupted claim as an error, not a retry
