@@ -433,6 +433,8 @@ async def _follow_reply(
                             pass
                         elif event == "delta" and data.get("type", "text") == "text":
                             printed += _emit(str(data.get("text", "")))
+                        elif event == "queued":
+                            print("turnd: queued (rate limit)", file=sys.stderr, flush=True)
                         elif event == "status":
                             status, error = data.get("status"), data.get("error")
                 except (httpx.HTTPError, ValueError):

@@ -456,3 +456,92 @@ def datetime_now() -> str:
     from datetime import UTC, datetime
 
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+# -- the echo provider and the log formatters, in-process -----------------------------------
+
+
+@pytest.mark.anyio
+async def test_echo_speaks_openai_chat_completions() -> None:
+    import openai
+    from fastapi import FastAPI
+
+    from daemon.echo import router
+
+    app = FastAPI()
+    app.include_router(router())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as http:
+        client = openai.AsyncOpenAI(base_url="http://t/echo/v1", api_key="x", http_client=http)
+        models = [m async for m in client.models.list()]
+        assert [(m.id, m.owned_by) for m in models] == [("echo", "echo (built-in test provider)")]
+        messages: Any = [
+            {"role": "system", "content": "be nice"},
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "Echo: first"},
+            {"role": "user", "content": [{"type": "text", "text": "one two three four five"}]},
+        ]
+        stream = await client.chat.completions.create(
+            model="echo", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = [chunk async for chunk in stream]
+        deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+        assert "".join(deltas) == "Echo: one two three four five"
+        assert len([d for d in deltas if d]) > 1  # streamed in pieces
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == len([d for d in deltas if d])
+        plain = await client.chat.completions.create(model="echo", messages=messages)
+        assert plain.choices[0].message.content == "Echo: one two three four five"
+        bad = await http.post("http://t/echo/v1/chat/completions", json={"messages": []})
+        assert bad.status_code == 422
+
+
+def _turn_record(secret: str) -> Any:
+    import logging
+
+    return logging.LogRecord("turnd.turns", logging.INFO, __file__, 1, "turn %s", ("x",), None), {
+        "conversation": "3abc",
+        "key": "3def.r0",
+        "model": "fake:m",
+        "status": "error",
+        "ttft_ms": 12.5,
+        "input_tokens": 3,
+        "output_tokens": None,
+        "error": f"provider said: bad key {secret}",
+    }
+
+
+def test_text_and_json_log_lines_for_a_turn() -> None:
+    from daemon.logs import JsonFormatter, RedactSecrets, TextFormatter
+
+    secret = "sk-very-secret-key"
+    record, turn = _turn_record(secret)
+    record.turn = turn
+    assert RedactSecrets([secret]).filter(record)
+    text = TextFormatter().format(record)
+    assert "\n" not in text
+    assert text.endswith(
+        "INFO turnd.turns turn conversation=3abc key=3def.r0 model=fake:m status=error "
+        'ttft_ms=12.5 input_tokens=3 error="provider said: bad key [redacted]"'
+    )
+    body = json.loads(JsonFormatter().format(record))
+    assert body["logger"] == "turnd.turns" and body["status"] == "error"
+    assert body["ttft_ms"] == 12.5 and body["key"] == "3def.r0"
+    assert secret not in json.dumps(body)
+
+
+def test_redaction_covers_messages_args_and_tracebacks() -> None:
+    import logging
+
+    from daemon.logs import RedactSecrets, TextFormatter
+
+    secret = "tok-abcdefgh123"
+    try:
+        raise RuntimeError(f"header Authorization: Bearer {secret}")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "failed with %s", (secret,), sys.exc_info()
+        )
+    RedactSecrets([secret, "short"]).filter(record)
+    line = TextFormatter().format(record)
+    assert secret not in line and line.count("[redacted]") == 2

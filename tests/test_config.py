@@ -444,3 +444,14 @@ def test_unknown_plugin_is_a_config_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("turnd: config error: plugins.enabled:")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_env_overrides_apply_to_the_embedded_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(
+        None, env={"TURND_STORE_PATH": "elsewhere", "TURND_HTTP_LISTEN": "127.0.0.1:9999"}
+    )
+    assert config.store_path == tmp_path / "elsewhere"
+    assert config.providers["echo"].base_url == "http://127.0.0.1:9999/echo/v1"
