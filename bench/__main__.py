@@ -48,8 +48,8 @@ class Sizes:
 
 SIZES = {
     "smoke": Sizes(2, 3, 5, 20, 2, 1, 5, 20, 4, 3),
-    "quick": Sizes(3, 30, 200, 100, 3, 1, 100, 1000, 10, 30),
-    "full": Sizes(5, 100, 200, 200, 5, 3, 100, 1000, 10, 100),
+    "quick": Sizes(3, 20, 200, 50, 3, 1, 100, 1000, 20, 20),
+    "full": Sizes(5, 100, 200, 200, 5, 3, 100, 1000, 20, 100),
 }
 
 # figure -> (target text, predicate on the median, LiteLLM's figure key or text)
@@ -72,8 +72,11 @@ MAIN_KEYS = [
 ]
 
 
+_T0 = time.monotonic()
+
+
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(f"[{time.monotonic() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def machine() -> dict[str, Any]:
@@ -92,6 +95,8 @@ def machine() -> dict[str, Any]:
         "cpu": model,
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
+        # Other work on the machine skews every figure: the load when the run started.
+        "loadavg_at_start": round(os.getloadavg()[0], 2),
     }
 
 
@@ -191,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     want_litellm = not args.no_litellm
     started = time.monotonic()
     info = machine()
-    log(f"turnd bench ({mode}) on {info['cores']} cores, {info['cpu']}, Python {info['python']}")
+    log(f"turnd bench ({mode}) on {info['cores']} cores, {info['cpu']}, Python {info['python']}, "
+        f"load average {info['loadavg_at_start']}")
     result = anyio.run(_run, mode, sizes, want_litellm)
     details, notes = result["details"], result["notes"]
     print(table(details, notes))

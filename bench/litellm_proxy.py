@@ -98,6 +98,8 @@ class LiteLLMProxy:
             "      model: openai/fake-model\n"
             f"      api_base: {self.upstream}\n"
             "      api_key: sk-bench-fake\n"
+            "general_settings:\n"
+            "  master_key: sk-bench-fake\n"
             "litellm_settings:\n"
             "  telemetry: false\n"
             "  drop_params: true\n"

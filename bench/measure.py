@@ -163,15 +163,15 @@ async def streaming(turnd: TurndProc, fake: FakeModelProc, runs: int, streams: i
     conns = 2 * streams + 16
     async with c.api_client(turnd.base_url, turnd.token, conns) as http, c.bare_client(fake.base_url) as bare:
 
-        async def bare_batch() -> tuple[float, int, float]:
+        async def bare_batch(n: int = streams) -> tuple[float, int, float]:
             cpu0, t0 = time.process_time(), c.now()
-            got = await _gather([lambda: c.bare_stream(bare)] * streams)
+            got = await _gather([lambda: c.bare_stream(bare)] * n)
             wall, cpu = c.now() - t0, time.process_time() - cpu0
             tokens = sum(s.tokens for s in got)
             return tokens / wall, tokens, cpu / tokens
 
-        async def turnd_batch() -> tuple[float, int, float]:
-            skeys = await _gather([lambda: c.new_conversation(http)] * streams)
+        async def turnd_batch(n: int = streams) -> tuple[float, int, float]:
+            skeys = await _gather([lambda: c.new_conversation(http)] * n)
             cpu0, t0 = cpu_seconds(turnd.pid), c.now()
             got = await _gather([lambda s=s: c.turnd_turn(http, s, provider) for s in skeys])
             wall, cpu = c.now() - t0, cpu_seconds(turnd.pid) - cpu0
@@ -181,8 +181,8 @@ async def streaming(turnd: TurndProc, fake: FakeModelProc, runs: int, streams: i
                 raise RuntimeError(f"{len(bad)} turns did not complete: {bad[0]}")
             return tokens / wall, tokens, cpu / tokens
 
-        await bare_batch()  # warm-up of both paths
-        await turnd_batch()
+        await bare_batch(min(streams, 50))  # warm-up of both paths
+        await turnd_batch(min(streams, 50))
         for run in range(runs):
             b_rate, b_tokens, b_cpu = await bare_batch()
             t_rate, t_tokens, t_cpu = await turnd_batch()

@@ -1,0 +1,60 @@
+"""The bench must not rot: ``python -m bench --smoke --json`` runs every phase at
+minimal size against real processes (fake model, ``turnd serve``) and prints one JSON
+object. Only its structure is checked, never a timing."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+REQUIRED = [
+    "ttft_overhead_ms_p50",
+    "ttft_overhead_ms_p99",
+    "stream_ratio",
+    "claim_latency_ms_p50",
+    "rss_growth_pct",
+    "per_token_overhead_us",
+    "turnd_cpu_us_per_token",
+    "xrpc_write_to_first_delta_ms_p50",
+    "claim_to_first_delta_ms_p50",
+    "model_ttft_ms_p50",
+]
+
+
+def test_bench_smoke_reports_every_figure() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TURND_BENCH_TURND"}
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--json", "--no-litellm"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in REQUIRED:
+        assert isinstance(result[key], int | float), key
+        assert math.isfinite(result[key]), key
+        detail = result["details"][key]
+        assert detail["min"] <= detail["median"] <= detail["max"], key
+    # LiteLLM was skipped: the figure is null and the reason is given.
+    assert "litellm_ttft_overhead_ms_p50" in result
+    assert result["litellm_ttft_overhead_ms_p50"] is None
+    assert result["litellm_error"]
+    assert result["machine"]["cores"] >= 1
+    # The table names every headline figure.
+    for key in ("ttft_overhead_ms_p50", "stream_ratio", "claim_latency_ms_p50", "rss_growth_pct"):
+        assert key in out.stdout
+
+
+def test_percentile_and_summary() -> None:
+    from bench.__main__ import summarize
+    from bench.measure import pct
+
+    assert pct([3.0, 1.0, 2.0], 50) == 2.0
+    assert pct([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+    s = summarize([{"a": 1.0}, {"a": 3.0}, {"a": 2.0}])
+    assert s["a"]["median"] == 2.0 and s["a"]["min"] == 1.0 and s["a"]["max"] == 3.0
