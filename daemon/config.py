@@ -111,6 +111,8 @@ class AccountTable(_Table):
     password_env: str | None = None
     token_env: str | None = None
     did: str | None = None
+    # Tools offered when a message's generation request names none.
+    tools: list[str] = Field(default_factory=list)
 
 
 class PluginsTable(_Table):
@@ -144,6 +146,7 @@ class Account:
     # The names of the variables holding the secrets (shown in messages, never the values).
     password_env: str | None = None
     token_env: str | None = None
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -547,6 +550,7 @@ def build_config(
                 token=token,
                 password_env=table.password_env,
                 token_env=table.token_env,
+                tools=tuple(table.tools),
             )
         )
 

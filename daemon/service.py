@@ -18,7 +18,7 @@ import hmac
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
@@ -220,6 +220,7 @@ class Service:
                 self.config.providers,
                 self.config.default_model,
                 self.plugins,
+                user_tools=_UserTools(self),
                 **_engine_extras(TurnEngine, self.registry),
             )
             await stack.enter_async_context(self.engine)
@@ -357,6 +358,25 @@ async def _changes(store: RecordStore, cursor: str | None) -> AsyncIterator[Chan
         if aclose is not None:
             with anyio.CancelScope(shield=True):
                 await aclose()
+
+
+class _UserTools(Mapping[str, list[str]]):
+    """DID -> ``[accounts.X] tools``, read live: a pds account's DID may arrive late."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def _table(self) -> dict[str, list[str]]:
+        return {a.did: list(a.tools) for a in self._service.accounts if a.did and a.tools}
+
+    def __getitem__(self, did: str) -> list[str]:
+        return self._table()[did]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
 
 
 def _load_plugins(names: list[str]) -> Any:

@@ -93,6 +93,7 @@ models = ["gpt-4o-mini"]
 handle = "me.test"
 password_env = "TURND_ME_PASSWORD"
 token_env = "TURND_ME_TOKEN"
+tools = ["clock_now"]
 [plugins]
 enabled = ["clock"]
 """,
@@ -109,6 +110,7 @@ enabled = ["clock"]
     [me] = config.accounts
     assert (me.name, me.handle, me.did) == ("me", "me.test", local_did("me.test"))
     assert (me.password, me.token) == ("pw-1", "tok-1")
+    assert me.tools == ("clock_now",)
     assert config.plugins == ["clock"]
     assert config.cors_origins == ["https://chat.example.com"]
 
