@@ -76,7 +76,10 @@ def api_client(base_url: str, token: str, connections: int = 64) -> httpx.AsyncC
         base_url=base_url,
         headers={"Authorization": f"Bearer {token}"},
         timeout=httpx.Timeout(120, connect=10),
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them
+        # under us (a POST on a connection the server is closing fails with ReadError).
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                            keepalive_expiry=2.0),
     )
 
 
