@@ -268,13 +268,17 @@ def cmd_send(args: argparse.Namespace) -> int:
         if isinstance(leaf, KeyboardInterrupt):
             return 130
         if isinstance(leaf, Exception):
-            return _fail(f"send failed: {_short(leaf)}")
+            return _fail(f"send failed: {_short(leaf, config.secrets())}")
         raise
 
 
-def _short(exc: BaseException) -> str:
+def _short(exc: BaseException, secrets: Sequence[str] = ()) -> str:
+    """One line for an error; a server that echoes a key back must not get it printed."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    line = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    for secret in secrets:
+        line = line.replace(secret, "[redacted]")
+    return line
 
 
 def _pick_account(config: Config, name: str | None) -> Account | str:
@@ -558,7 +562,7 @@ async def _check_store(config: Config) -> tuple[bool, str, str]:
             await client.login(account.handle, account.password, fetch_bsky_profile=False)
         return True, "store", f"pds {config.store_service} ({len(config.accounts)} accounts)"
     except Exception as err:  # noqa: BLE001 - reported, not raised
-        return False, "store", f"{config.store_kind}: {_short(err)}"
+        return False, "store", f"{config.store_kind}: {_short(err, config.secrets())}"
 
 
 async def _check_provider(config: Config, provider: Any) -> tuple[bool, str, str]:
@@ -588,7 +592,7 @@ async def _check_provider(config: Config, provider: Any) -> tuple[bool, str, str
     try:
         ids = [m.id async for m in client.models.list()]
     except Exception as err:  # noqa: BLE001 - reported, not raised; the key is never shown
-        return False, "provider", f"{name} {where}: {_short(err)}"
+        return False, "provider", f"{name} {where}: {_short(err, config.secrets())}"
     finally:
         await client.close()
     missing = [m for m in provider.models if m not in ids]

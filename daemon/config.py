@@ -206,7 +206,7 @@ def parse_listen(value: str) -> tuple[str, int]:
         raise ValueError(f"expected host:port, got {value!r}")
     host = match.group(1) or match.group(3)
     port = int(match.group(2) or match.group(4))
-    if not 0 < port < 65536:
+    if not 0 <= port < 65536:  # 0: any free port (serve prints the one it got)
         raise ValueError(f"port {port} out of range")
     return host, port
 

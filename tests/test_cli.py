@@ -545,3 +545,39 @@ def test_redaction_covers_messages_args_and_tracebacks() -> None:
     RedactSecrets([secret, "short"]).filter(record)
     line = TextFormatter().format(record)
     assert secret not in line and line.count("[redacted]") == 2
+
+
+def test_check_reports_each_provider_and_fails_on_a_bad_one(tmp_path: Path) -> None:
+    with (
+        FakeModel(api_key="sk-right-key-123") as good,
+        FakeModel(api_key="sk-right-key-123") as bad,
+    ):
+        conf = tmp_path / "turnd.toml"
+        conf.write_text(
+            f"""
+[providers.good]
+base_url = "{good.base_url}"
+api_key_env = "GOOD_KEY"
+models = ["fake-model", "not-there"]
+[providers.bad]
+base_url = "{bad.base_url}"
+api_key_env = "BAD_KEY"
+[providers.down]
+base_url = "http://127.0.0.1:{free_port()}/v1"
+"""
+        )
+        env = clean_env(GOOD_KEY="sk-right-key-123", BAD_KEY="sk-wrong-key-456")
+        result = turnd("check", "--config", str(conf), cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"ok    config    {conf}"
+    assert re.search(
+        r"^ok\s+provider\s+good .*: 1 model; not listed: not-there$", result.stdout, re.M
+    )
+    assert re.search(r"^FAIL\s+provider\s+bad .*AuthenticationError", result.stdout, re.M)
+    assert re.search(r"^FAIL\s+provider\s+down .*APIConnectionError", result.stdout, re.M)
+    assert re.search(
+        r"^ok\s+provider\s+echo \[echo \(built-in test provider\)\]", result.stdout, re.M
+    )
+    assert "sk-wrong-key-456" not in result.stdout + result.stderr
+    assert "sk-right-key-123" not in result.stdout + result.stderr
