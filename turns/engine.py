@@ -37,7 +37,7 @@ from recordstore import (
     RecordStore,
     StoreError,
 )
-from recordstore.keys import new_tid, reply_key
+from recordstore.keys import new_tid, parse_reply_key, reply_key
 from recordstore.lexicon import validate_record
 from turns import triggers
 from turns.generate import TurnFailed, Usage, run_steps, scrub
@@ -289,7 +289,8 @@ class TurnEngine:
     ) -> tuple[str, str | None]:
         """Raise the user message's attempt by one (a put: earlier replies stay) and start it."""
         record = await self._store.get_record(did, skey, MESSAGE, key)
-        if record is None or record.value.get("role") != "user":
+        # A record at a reply-shaped key is never a user message, whatever it says.
+        if record is None or record.value.get("role") != "user" or parse_reply_key(key):
             raise RecordNotFound(f"no user message {key} in conversation {skey}")
         generation = dict(record.value.get("generation") or {})
         attempt = triggers.attempt_of(generation) + 1
@@ -358,6 +359,8 @@ class TurnEngine:
         record = await self._store.get_record(did, skey, MESSAGE, user_key)
         if record is None:
             raise RecordNotFound(f"no message {user_key} in conversation {skey}")
+        if parse_reply_key(user_key) is not None:
+            return None  # reply keys belong to the runners (as in triggers.decide)
         generation = record.value.get("generation")
         if not isinstance(generation, dict) or record.value.get("role") != "user":
             return None
