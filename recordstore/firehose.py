@@ -133,6 +133,7 @@ class _Endpoint:
         self.lag: dict[str, str] = {}  # did -> a revision the firehose had not reached
         self.needs_sweep: set[str] = set()  # dids known to have lost ops
         self.sweep_now = anyio.Event()
+        self.waiting_on_consumer = False  # the firehose is blocked handing over a commit
 
     # -- firehose ---------------------------------------------------------------------
 
@@ -217,6 +218,9 @@ class _Endpoint:
         did = commit.repo
         if did not in self.dids:
             return
+        # Received is delivered, as far as the gap check is concerned.
+        if did not in self.fh_rev or commit.rev > self.fh_rev[did]:
+            self.fh_rev[did] = commit.rev
         ops = [op for op in commit.ops if op.path.startswith(CHAT_PREFIX)]
         if ops:
             try:
@@ -230,12 +234,17 @@ class _Endpoint:
                 change = await self._op_change(did, commit.rev, op, blocks, live)
                 if change is not None:
                     changes.append(change)
-            for i, change in enumerate(changes):
-                await self._send(_Item(self.endpoint, commit.seq, i == len(changes) - 1, change))
             if not changes:
-                await self._send(_Item(self.endpoint, commit.seq, True, _NOTHING))
-        if did not in self.fh_rev or commit.rev > self.fh_rev[did]:
-            self.fh_rev[did] = commit.rev
+                changes_or_nothing = [_NOTHING]
+            else:
+                changes_or_nothing = changes
+            self.waiting_on_consumer = True
+            try:
+                last = len(changes_or_nothing) - 1
+                for i, change in enumerate(changes_or_nothing):
+                    await self._send(_Item(self.endpoint, commit.seq, i == last, change))
+            finally:
+                self.waiting_on_consumer = False
 
     async def _op_change(
         self, did: str, rev: str, op: Any, blocks: dict[Any, Any], live: bool
@@ -302,7 +311,8 @@ class _Endpoint:
                 self.lag.pop(did, None)
                 return
             target = self.lag.get(did)
-            if target is None or seen >= target:
+            if target is None or seen >= target or self.waiting_on_consumer:
+                # (A firehose held up by a slow consumer is not a lost one.)
                 # Behind, but maybe only in flight: the firehose has one interval to
                 # reach this revision.
                 self.lag[did] = head

@@ -72,7 +72,7 @@ async def direct_client(pds: PdsServer, acct: Account) -> AsyncClient:
     return client
 
 
-async def take(feed: AsyncIterator[Change], n: int, within: float = 10.0) -> list[Change]:
+async def take(feed: AsyncIterator[Change], n: int, within: float = 20.0) -> list[Change]:
     out: list[Change] = []
     with anyio.fail_after(within):
         async for change in feed:
@@ -423,3 +423,27 @@ async def test_firehose_latency(store: PdsStore, did: str) -> None:
         f"\nfirehose write->feed latency over 200 writes: median {median:.2f} ms, p99 {p99:.2f} ms"
     )
     assert median < 50
+
+
+async def test_feed_of_a_store_used_without_async_with(
+    pds: PdsServer, pds_account: Account
+) -> None:
+    """The daemon's pattern: ``await open()``, ``aclose()`` later, and a plain ``async for``
+    (the generator then owns the feed's tasks; scopes must enclose its whole life)."""
+    store = await PdsStore.open([account_of(pds, pds_account)], sweep_interval=0.5)
+    try:
+        did = pds_account.did
+        await store.create_record(did, SPACE, MESSAGE, "a", message())
+        keys: list[str] = []
+        with anyio.fail_after(30):
+            async with aclosing(store.changes()) as feed:
+                async for change in feed:
+                    keys.append(change.key)
+                    if change.key == "a":
+                        await store.create_record(did, SPACE, MESSAGE, "b", message())
+                    if change.key == "b":
+                        assert change.live
+                        break
+        assert keys == ["a", "b"]
+    finally:
+        await store.aclose()
