@@ -49,9 +49,12 @@ async def test_posting_with_generation_writes_user_message_pending_reply_then_fi
         pending = (await kit.messages(skey))[posted.reply_key]
         assert pending["status"] == "pending" and pending["parent"] == posted.user_key
         assert pending["content"]["parts"] == []
+        # Placeholders are unique per claim (a PDS claim reads the key back and compares).
+        assert pending["claim"].startswith(kit.state.instance_id + ":")
         final = await kit.reply(skey, posted.reply_key)
         assert final["status"] == "complete" and texts(final) == "Hello"
         assert final["model"] == {"provider": "fake", "id": "fake-model"}
+        assert "claim" not in final
         assert (await kit.messages(skey))[posted.user_key]["role"] == "user"
 
 

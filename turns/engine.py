@@ -10,6 +10,7 @@ finish: ``message:afterModel``, put the final record, ``turn:after``.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
@@ -203,7 +204,8 @@ class TurnEngine:
         for claim in await self._state.claims():
             record = await self._store.get_record(claim.did, claim.skey, MESSAGE, claim.reply_key)
             if record is not None and record.value.get("status") == "pending":
-                value = {**record.value, "status": "error", "error": "interrupted"}
+                value = {k: v for k, v in record.value.items() if k != "claim"}
+                value.update(status="error", error="interrupted")
                 try:
                     await self._store.put_record(
                         claim.did, claim.skey, MESSAGE, claim.reply_key, value, swap_cid=record.cid
@@ -371,6 +373,9 @@ class TurnEngine:
         if start is None:
             if await self._store.get_record(did, skey, MESSAGE, reply) is not None:
                 return "answered"
+            # Another caller (the change feed, a POST) may have started it during that read.
+            start = self._starts.get(address)
+        if start is None:
             if not self._accepting:
                 # Shutting down: keep the request so the next start runs it.
                 await self._state.add_request(did, skey, user_key, attempt)
@@ -445,6 +450,8 @@ class TurnEngine:
             "content": {"$type": PLAIN, "parts": []},
             "model": model,
             "status": "pending",
+            # Unique per claim: two runners' placeholders must never be the same bytes.
+            "claim": f"{self._state.instance_id}:{secrets.token_hex(6)}",
             "createdAt": now_iso(),
         }
         if effort:
@@ -548,6 +555,7 @@ class TurnEngine:
         # 10. Finish; shielded so a shutdown cannot leave the reply pending.
         with anyio.CancelScope(shield=True):
             record = {**placeholder, "content": {"$type": PLAIN, "parts": parts.finish()}}
+            del record["claim"]
             record["status"] = status
             if error:
                 record["error"] = error
