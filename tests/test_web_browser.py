@@ -158,12 +158,18 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, daemon: str) -> Iterator[Any]:
-    context = browser.new_context(base_url=daemon, viewport={"width": 1200, "height": 800})
+    context = browser.new_context(
+        base_url=daemon, viewport={"width": 1200, "height": 800}, reduced_motion="reduce"
+    )
     context.set_default_timeout(10_000)
     pg = context.new_page()
     problems: list[str] = []
     pg.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     pg.on("pageerror", lambda e: problems.append(str(e)))
+    pg.on(
+        "response",
+        lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None,
+    )
     pg.problems = problems
     pg.goto("/")
     sign_in(pg)
@@ -198,6 +204,14 @@ def send(page: Any, text: str) -> None:
     box = page.get_by_label("Message", exact=True)
     box.fill(text)
     box.press("Enter")
+
+
+def reply_to(page: Any, text: str) -> Any:
+    """The reply shown right after the user message whose text is exactly ``text``."""
+    exact = re.compile(f"^{re.escape(text)}$")
+    user = page.locator("li.message.user", has=page.locator(".plain", has_text=exact))
+    user.wait_for()
+    return user.locator("xpath=following-sibling::li[1]")
 
 
 def replies(page: Any) -> Any:
@@ -265,7 +279,7 @@ def test_page_headers_and_sign_in(daemon: str, browser: Any) -> None:
 
 def test_send_and_stream_with_markdown(page: Any, api: httpx.Client) -> None:
     send(page, "hello there")
-    reply = last_reply(page)
+    reply = reply_to(page, "hello there")
     wait_status(reply, "complete")
     assert reply.locator(".markdown").inner_text().strip() == "Answer 1 to hello there."
     assert "fake:fake-model" in reply.locator(".meta").inner_text()
@@ -275,7 +289,7 @@ def test_send_and_stream_with_markdown(page: Any, api: httpx.Client) -> None:
     assert page.locator(".conversation").first.get_attribute("data-skey") == skey
 
     send(page, "markdown please")
-    reply = last_reply(page)
+    reply = reply_to(page, "markdown please")
     wait_status(reply, "complete")
     md = reply.locator(".markdown")
     md.locator("h1").wait_for()
@@ -287,7 +301,7 @@ def test_send_and_stream_with_markdown(page: Any, api: httpx.Client) -> None:
     assert image.get_attribute("href") == "http://example.invalid/cat.png"
 
     send(page, "think about it")
-    reply = last_reply(page)
+    reply = reply_to(page, "think about it")
     wait_status(reply, "complete")
     reasoning = reply.locator("details.reasoning")
     assert reasoning.get_attribute("open") is None  # collapsed
@@ -314,7 +328,7 @@ def test_reload_mid_stream_resumes_without_gap_or_repeat(page: Any, api: httpx.C
         else None,
     )
     send(page, "slow story")
-    reply = last_reply(page)
+    reply = reply_to(page, "slow story")
     plain = reply.locator(".plain")
     # Wait for a few words, then reload in the middle of the stream.
     page.wait_for_function(
@@ -351,7 +365,7 @@ def test_reload_mid_stream_resumes_without_gap_or_repeat(page: Any, api: httpx.C
 
 def test_regenerate_and_switch_attempts(page: Any, api: httpx.Client) -> None:
     send(page, "pick a number")
-    reply = last_reply(page)
+    reply = reply_to(page, "pick a number")
     wait_status(reply, "complete")
     first = reply.locator(".markdown").inner_text().strip()
     assert first.startswith("Answer ")
@@ -375,16 +389,16 @@ def test_regenerate_and_switch_attempts(page: Any, api: httpx.Client) -> None:
 
 def test_edit_makes_a_switchable_branch(page: Any, api: httpx.Client) -> None:
     send(page, "first question")
-    wait_status(last_reply(page), "complete")
+    wait_status(reply_to(page, "first question"), "complete")
     send(page, "follow up")
-    wait_status(last_reply(page), "complete")
+    wait_status(reply_to(page, "follow up"), "complete")
     user = page.locator("li.message.user").last
     user.get_by_role("button", name="Edit").click()
     editor = page.get_by_label("Edit message")
     editor.fill("follow up, edited")
     editor.press("Enter")
     page.locator("li.user .nav .count", has_text="2/2").wait_for()
-    wait_status(last_reply(page), "complete")
+    wait_status(reply_to(page, "follow up, edited"), "complete")
     assert "follow up, edited" in page.locator("li.message.user").last.inner_text()
     assert "to follow up, edited." in last_reply(page).inner_text()
     assert page.locator("li.message").count() == 4  # root -> reply -> edited -> reply
@@ -401,7 +415,7 @@ def test_edit_makes_a_switchable_branch(page: Any, api: httpx.Client) -> None:
 
 def test_cancel_while_streaming(page: Any, api: httpx.Client) -> None:
     send(page, "stall forever")
-    reply = last_reply(page)
+    reply = reply_to(page, "stall forever")
     reply.locator(".plain", has_text="Starting to").wait_for()
     assert page.locator("#send").is_disabled()
     shot(page, "09-before-cancel")
@@ -416,7 +430,7 @@ def test_cancel_while_streaming(page: Any, api: httpx.Client) -> None:
 
 def test_error_reply_and_retry(page: Any, api: httpx.Client) -> None:
     send(page, "flaky request")
-    reply = last_reply(page)
+    reply = reply_to(page, "flaky request")
     wait_status(reply, "error")
     alert = reply.get_by_role("alert")
     assert "Error" in alert.inner_text()
@@ -431,7 +445,7 @@ def test_error_reply_and_retry(page: Any, api: httpx.Client) -> None:
 
 def test_direct_write_reply_appears_live(page: Any, api: httpx.Client, daemon: str) -> None:
     send(page, "start here")
-    wait_status(last_reply(page), "complete")
+    wait_status(reply_to(page, "start here"), "complete")
     skey = current_skey(page)
     parent = last_reply(page).get_attribute("data-key")
     # Another client writes a user message through XRPC, as a stock atproto client would.

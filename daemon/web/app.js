@@ -263,6 +263,8 @@ function isPending(m) {
 // -- rendering -------------------------------------------------------------------------------
 
 function renderThread() {
+  // Typing in an edit box: a poll or a finished stream must not rebuild it under the cursor.
+  if (state.editing && document.activeElement?.id === `edit-${state.editing.key}`) return;
   const thread = $('thread');
   const focused = document.activeElement?.id;
   const path = state.skey ? branch() : [];
@@ -280,6 +282,11 @@ function followPending(path = branch()) {
   for (const { message } of path) {
     if (!isReply(message) || !isPending(message) || state.streams.has(message.key)) continue;
     if (Date.now() - (state.missing.get(message.key) || 0) < POLL_MS - 100) continue;
+    if (message.placeholder) {
+      // No record yet: it is being claimed right now, or queued. Ask once it has waited a bit.
+      const since = state.missing.get(`wait:${message.key}`) ?? state.missing.set(`wait:${message.key}`, Date.now()).get(`wait:${message.key}`);
+      if (Date.now() - since < 1500) continue;
+    }
     follow(state.skey, message.key);
   }
 }
@@ -337,7 +344,6 @@ function renderUser(message, siblings) {
     li.append(area, h('div', { class: 'actions' },
       h('button', { type: 'button', class: 'primary', onclick: () => saveEdit(message), text: 'Save & send' }),
       h('button', { type: 'button', class: 'ghost', onclick: () => { state.editing = null; renderThread(); }, text: 'Cancel' })));
-    queueMicrotask(() => area.focus());
     return li;
   }
   const body = h('div', { class: 'body' }, recordParts(value).map((p, i) => renderPart(p, key, i)));
@@ -346,7 +352,7 @@ function renderUser(message, siblings) {
     siblingNav(message, siblings, 'version'),
     h('button', {
       type: 'button', class: 'ghost', id: `edit-btn-${key}`, text: 'Edit',
-      onclick: () => { state.editing = { key, text }; renderThread(); },
+      onclick: () => { state.editing = { key, text }; renderThread(); $(`edit-${key}`)?.focus(); },
     })));
   return li;
 }
@@ -446,9 +452,9 @@ function renderPart(p, key, i) {
     case 'source':
       return wrap(p.part ? h('a', { href: p.part.url, target: '_blank', rel: 'noopener noreferrer nofollow', text: p.part.title || p.part.url }) : 'Source…');
     case 'image':
-      return wrap(h('span', { class: 'chip', text: `🖼 ${p.part.alt || 'image'} (${p.part.image?.mimeType || 'image'})` }));
+      return wrap(h('span', { class: 'chip', text: `Image: ${p.part.alt || 'image'} (${p.part.image?.mimeType || 'image'})` }));
     case 'file':
-      return wrap(h('span', { class: 'chip', text: `📄 ${p.part.name || 'file'} (${p.part.file?.mimeType || 'file'})` }));
+      return wrap(h('span', { class: 'chip', text: `File: ${p.part.name || 'file'} (${p.part.file?.mimeType || 'file'})` }));
     default:
       return wrap(h('span', { class: 'muted', text: '(a part this page does not show)' }));
   }
@@ -635,7 +641,9 @@ async function send(ev) {
   $('send').disabled = true;
   try {
     if (!state.skey) {
-      const { skey } = await api('/api/conversations', { method: 'POST', json: {} });
+      // The first line of the first message names the conversation (turnd makes no titles).
+      const title = (text.split('\n')[0] || state.attachments[0]?.name || '').slice(0, 80);
+      const { skey } = await api('/api/conversations', { method: 'POST', json: title ? { title } : {} });
       await selectConversation(skey);
     }
     const parent = currentLeafKey();
