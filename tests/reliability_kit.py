@@ -275,7 +275,13 @@ class FakeProc:
     """The fake model server in its own process, logging each chat request's prompt."""
 
     def __init__(
-        self, work: Path, *, tokens: int = 5, chunk_delay_ms: float = 0, ttft_ms: float = 0
+        self,
+        work: Path,
+        *,
+        tokens: int = 5,
+        chunk_delay_ms: float = 0,
+        ttft_ms: float = 0,
+        word: str = "tok",
     ) -> None:
         self.log = work / f"fake-{os.getpid()}-{time.monotonic_ns()}.jsonl"
         self.log.touch()
@@ -283,7 +289,7 @@ class FakeProc:
             [
                 sys.executable, "-m", "tests.reliability_kit", "fake", "--log", str(self.log),
                 "--tokens", str(tokens), "--chunk-delay-ms", str(chunk_delay_ms),
-                "--ttft-ms", str(ttft_ms),
+                "--ttft-ms", str(ttft_ms), "--word", word,
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -348,7 +354,7 @@ def _fake_main(args: argparse.Namespace) -> int:
     fake = FakeModel(
         record=False,
         responder=responder,
-        default=Reply.tokens(args.tokens).delayed(args.ttft_ms / 1000, args.chunk_delay_ms / 1000),
+        default=Reply.tokens(args.tokens, args.word).delayed(args.ttft_ms / 1000, args.chunk_delay_ms / 1000),
     )
 
     def ready(f: FakeModel) -> None:
@@ -422,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--tokens", type=int, default=5)
     f.add_argument("--chunk-delay-ms", type=float, default=0)
     f.add_argument("--ttft-ms", type=float, default=0)
+    f.add_argument("--word", default="tok")
     w = sub.add_parser("writer")
     w.add_argument("--data", required=True)
     w.add_argument("--space", required=True)
