@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import httpx
 import pytest
 
 from recordstore.keys import new_tid
-from tests.fakemodel import FakeModel, Reply
+from tests.fakemodel import FakeModel, Reply, ToolCall
 from tests.test_cli import TURND, clean_env, free_port, wait_healthy
 
 pytestmark = pytest.mark.browser
@@ -63,6 +64,10 @@ class Script:
             return Reply.text(["Starting to ", "answer", " and never ending"]).stall(2)
         if text.startswith("flaky") and n == 1:
             return Reply.error(500, "upstream exploded")
+        if text.startswith("what time"):
+            if not any(m.get("role") == "tool" for m in request.get("messages", [])):
+                return Reply.tool_calls(ToolCall("clock", {"timezone": "UTC"}, id="call_1"))
+            return Reply.text(["It is ", "late."])
         if text.startswith("think"):
             return Reply.reasoning(["Let me ", "think."], ["The **answer** ", "is 42."])
         if text.startswith("markdown"):
@@ -92,9 +97,9 @@ def fake() -> Iterator[FakeModel]:
         yield model
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, fake: FakeModel) -> Iterator[str]:
-    work = tmp_path_factory.mktemp("web")
+@contextmanager
+def turnd_serve(work: Path, fake: FakeModel, rate: int = 1000) -> Iterator[str]:
+    """A real ``turnd serve`` subprocess on a free port; yields its URL."""
     port = free_port()
     conf = work / "turnd.toml"
     conf.write_text(
@@ -104,12 +109,14 @@ listen = "127.0.0.1:{port}"
 [models]
 default = "fake:fake-model"
 [turns]
-ratePerMinute = 1000
+ratePerMinute = {rate}
 retries = 0
 [providers.fake]
 base_url = "{fake.base_url}"
 api_key_env = "FAKE_KEY"
 models = ["fake-model", "fake-large"]
+[plugins]
+enabled = ["plugins.clock:plugin"]  # by module path: works without installed entry points
 [accounts.me]
 handle = "{HANDLE}"
 password_env = "ME_PASSWORD"
@@ -117,10 +124,10 @@ token_env = "ME_TOKEN"
 """
     )
     env = clean_env(FAKE_KEY="sk-fake-123456", ME_PASSWORD=PASSWORD, ME_TOKEN=TOKEN)
-    out, err = (work / "serve.out").open("wb"), (work / "serve.err").open("wb")
-    proc = subprocess.Popen(
-        [TURND, "serve", "--config", str(conf)], cwd=work, env=env, stdout=out, stderr=err
-    )
+    with (work / "serve.out").open("wb") as out, (work / "serve.err").open("wb") as err:
+        proc = subprocess.Popen(
+            [TURND, "serve", "--config", str(conf)], cwd=work, env=env, stdout=out, stderr=err
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, timeout=20)
@@ -132,8 +139,12 @@ token_env = "ME_TOKEN"
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-        out.close()
-        err.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, fake: FakeModel) -> Iterator[str]:
+    with turnd_serve(tmp_path_factory.mktemp("web"), fake) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +167,10 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-@pytest.fixture
-def page(browser: Any, daemon: str) -> Iterator[Any]:
+@contextmanager
+def open_page(browser: Any, url: str) -> Iterator[Any]:
     context = browser.new_context(
-        base_url=daemon, viewport={"width": 1200, "height": 800}, reduced_motion="reduce"
+        base_url=url, viewport={"width": 1200, "height": 800}, reduced_motion="reduce"
     )
     context.set_default_timeout(10_000)
     pg = context.new_page()
@@ -175,8 +186,14 @@ def page(browser: Any, daemon: str) -> Iterator[Any]:
     sign_in(pg)
     yield pg
     context.close()
-    # No CSP violation, no script error, nothing the page logged as an error.
+    # No CSP violation, no script error, no failed request.
     assert not problems, problems
+
+
+@pytest.fixture
+def page(browser: Any, daemon: str) -> Iterator[Any]:
+    with open_page(browser, daemon) as pg:
+        yield pg
 
 
 @pytest.fixture
@@ -212,6 +229,38 @@ def reply_to(page: Any, text: str) -> Any:
     user = page.locator("li.message.user", has=page.locator(".plain", has_text=exact))
     user.wait_for()
     return user.locator("xpath=following-sibling::li[1]")
+
+
+def direct_write(url: str, skey: str, parent: str, text: str, **generation: Any) -> str:
+    """A user message written through XRPC, as a stock atproto client would; its key."""
+    with httpx.Client(base_url=url, timeout=10) as xrpc:
+        session = xrpc.post(
+            "/xrpc/com.atproto.server.createSession",
+            json={"identifier": HANDLE, "password": PASSWORD},
+        ).json()
+        key = new_tid()
+        created = xrpc.post(
+            "/xrpc/com.atproto.repo.createRecord",
+            headers={"Authorization": f"Bearer {session['accessJwt']}"},
+            json={
+                "repo": session["did"],
+                "collection": MESSAGE,
+                "rkey": f"{skey}:{key}",
+                "record": {
+                    "$type": MESSAGE,
+                    "role": "user",
+                    "parent": parent,
+                    "content": {
+                        "$type": "network.sharedcomputer.chat.defs#plainContent",
+                        "parts": [{"$type": TEXT, "text": text}],
+                    },
+                    "generation": generation,
+                    "createdAt": "2025-01-01T00:00:00.000Z",
+                },
+            },
+        )
+        assert created.status_code == 200, created.text
+    return key
 
 
 def replies(page: Any) -> Any:
@@ -449,33 +498,7 @@ def test_direct_write_reply_appears_live(page: Any, api: httpx.Client, daemon: s
     skey = current_skey(page)
     parent = last_reply(page).get_attribute("data-key")
     # Another client writes a user message through XRPC, as a stock atproto client would.
-    with httpx.Client(base_url=daemon, timeout=10) as xrpc:
-        session = xrpc.post(
-            "/xrpc/com.atproto.server.createSession",
-            json={"identifier": HANDLE, "password": PASSWORD},
-        ).json()
-        key = new_tid()
-        created = xrpc.post(
-            "/xrpc/com.atproto.repo.createRecord",
-            headers={"Authorization": f"Bearer {session['accessJwt']}"},
-            json={
-                "repo": session["did"],
-                "collection": MESSAGE,
-                "rkey": f"{skey}:{key}",
-                "record": {
-                    "$type": MESSAGE,
-                    "role": "user",
-                    "parent": parent,
-                    "content": {
-                        "$type": "network.sharedcomputer.chat.defs#plainContent",
-                        "parts": [{"$type": TEXT, "text": "slow from another client"}],
-                    },
-                    "generation": {},
-                    "createdAt": "2025-01-01T00:00:00.000Z",
-                },
-            },
-        )
-        assert created.status_code == 200, created.text
+    key = direct_write(daemon, skey, parent, "slow from another client")
     # No reload: the page picks it up and follows the reply's stream.
     page.locator("li.message.user", has_text="slow from another client").wait_for()
     reply = page.locator(f'li.reply[data-key="{key}.r0"]')
@@ -503,3 +526,39 @@ def test_attachment_and_keyboard_newline(page: Any, tmp_path: Path) -> None:
     wait_status(last_reply(page), "complete")
     assert page.locator("#attachments li").count() == 0
     shot(page, "13-attachment")
+
+
+def test_tool_call_and_result_cards(page: Any, daemon: str) -> None:
+    send(page, "warm up")
+    wait_status(reply_to(page, "warm up"), "complete")
+    skey = current_skey(page)
+    parent = last_reply(page).get_attribute("data-key")
+    # The page has no tool picker: a direct client asks for the clock tool.
+    key = direct_write(daemon, skey, parent, "what time is it?", tools=["clock"])
+    reply = page.locator(f'li.reply[data-key="{key}.r0"]')
+    wait_status(reply, "complete", timeout=20_000)
+    call = reply.locator("details.tool-call")
+    result = reply.locator("details.tool-result")
+    assert call.get_attribute("open") is None and result.get_attribute("open") is None
+    assert "clock" in call.locator("summary").inner_text()
+    call.locator("summary").click()
+    assert '"timezone": "UTC"' in call.locator("pre").inner_text()
+    result.locator("summary").click()
+    assert '"timezone"' in result.locator("pre").inner_text()
+    assert reply.locator(".markdown").inner_text().strip() == "It is late."
+    shot(page, "14-tool-cards")
+
+
+def test_queued_while_rate_limited_then_cancelled(
+    browser: Any, fake: FakeModel, tmp_path: Path
+) -> None:
+    with turnd_serve(tmp_path, fake, rate=1) as url, open_page(browser, url) as page:
+        send(page, "hello once")
+        wait_status(reply_to(page, "hello once"), "complete")
+        send(page, "hello twice")  # over one turn a minute: it waits, unclaimed
+        reply = reply_to(page, "hello twice")
+        wait_status(reply, "queued")
+        assert "Queued" in reply.inner_text()
+        shot(page, "15-queued")
+        reply.get_by_role("button", name="Cancel").click()
+        wait_status(reply, "cancelled")
