@@ -441,13 +441,13 @@ function renderPart(p, key, i) {
     case 'reasoning':
       return wrap(details(id, 'reasoning', 'Reasoning', h('div', { class: 'plain', text: p.text })));
     case 'toolCall':
-      return wrap(details(id, 'card tool-call', p.part ? `Tool call · ${p.part.tool}` : 'Tool call…',
+      return wrap(details(id, 'tool-card tool-call', p.part ? `Tool call · ${p.part.tool}` : 'Tool call…',
         h('pre', { text: p.part ? pretty(p.part.input) : '' })));
     case 'toolResult': {
       const err = p.part?.isError;
-      return wrap(details(id, `card tool-result${err ? ' is-error' : ''}`,
+      return wrap(details(id, `tool-card tool-result${err ? ' is-error' : ''}`,
         p.part ? `${err ? 'Tool error' : 'Tool result'} · ${p.part.callId}` : 'Tool result…',
-        h('pre', { text: p.part ? (p.part.output ?? (p.part.outputBlob ? '(output stored as a blob)' : '')) : '' })));
+        h('pre', { text: p.part ? (pretty(p.part.output) || (p.part.outputBlob ? '(output stored as a blob)' : '')) : '' })));
     }
     case 'source':
       return wrap(p.part ? h('a', { href: p.part.url, target: '_blank', rel: 'noopener noreferrer nofollow', text: p.part.title || p.part.url }) : 'Source…');
