@@ -71,7 +71,7 @@ def _post(api: httpx.Client, skey: str, text: str) -> str:
 
 
 async def test_500_subscribers_and_200_streams(tmp_path: Path) -> None:
-    fake = FakeProc(tmp_path, tokens=100, chunk_delay_ms=20, ttft_ms=1500)
+    fake = FakeProc(tmp_path, tokens=60, chunk_delay_ms=20, ttft_ms=1000)
     d = Turnd(tmp_path, "sse", tmp_path / "data", fake.base_url)
     try:
         await anyio.to_thread.run_sync(d.start)
@@ -83,9 +83,12 @@ async def test_500_subscribers_and_200_streams(tmp_path: Path) -> None:
             skey = api.post("/api/conversations", json={}).json()["skey"]
             reply = _post(api, skey, "one stream, many readers")
             results: list[list[dict[str, Any]]] = []
+            by_reply: dict[str, list[dict[str, Any]]] = {}
 
             async def one(skey: str, reply: str) -> None:
-                results.append(await _subscribe(http, skey, reply))
+                events = await _subscribe(http, skey, reply)
+                results.append(events)
+                by_reply[reply] = events
 
             async with anyio.create_task_group() as tg:
                 for _ in range(500):
@@ -100,13 +103,26 @@ async def test_500_subscribers_and_200_streams(tmp_path: Path) -> None:
 
             # 200 turns at once, each with its own subscriber.
             skeys = [api.post("/api/conversations", json={}).json()["skey"] for _ in range(20)]
-            replies = [(skeys[i % 20], _post(api, skeys[i % 20], f"stream {i}")) for i in range(200)]
             results.clear()
+            replies: list[tuple[str, str]] = []
+
+            async def post_and_follow(i: int) -> None:
+                s = skeys[i % 20]
+                r = await http.post(
+                    f"/api/conversations/{s}/messages",
+                    json={"parts": [{"$type": TEXT, "text": f"stream {i}"}], "generation": {}},
+                )
+                assert r.status_code == 201 and r.json()["turn"] == "claimed", r.text
+                replies.append((s, r.json()["replyKey"]))
+                await one(s, r.json()["replyKey"])
+
             async with anyio.create_task_group() as tg:
-                for s, r in replies:
-                    tg.start_soon(one, s, r)
+                for i in range(200):
+                    tg.start_soon(post_and_follow, i)
+            assert len(replies) == len(results) == 200
             checked = 0
-            for (s, r), events in zip(replies, results, strict=True):
+            for s, r in replies:
+                events = by_reply[r]
                 stored = _stored(api, s, r)
                 assert stored is not None, r
                 _check_events(events, stored)
