@@ -562,3 +562,21 @@ def test_queued_while_rate_limited_then_cancelled(
         shot(page, "15-queued")
         reply.get_by_role("button", name="Cancel").click()
         wait_status(reply, "cancelled")
+
+
+def test_second_tab_follows_the_same_stream(page: Any, api: httpx.Client) -> None:
+    send(page, "warm up too")
+    wait_status(reply_to(page, "warm up too"), "complete")
+    other = page.context.new_page()  # same browser profile: same token, another tab
+    other.goto(f"/#c={current_skey(page)}")
+    reply_to(other, "warm up too").wait_for()
+    send(page, "slow for two tabs")
+    first, second = reply_to(page, "slow for two tabs"), reply_to(other, "slow for two tabs")
+    second.locator(".plain").first.wait_for()  # streaming there too, before it is done
+    assert second.get_attribute("data-status") == "pending"
+    wait_status(first, "complete")
+    wait_status(second, "complete")
+    final_text = "".join(SLOW_WORDS)
+    assert first.get_attribute("data-stream-text") == final_text
+    assert second.get_attribute("data-stream-text") == final_text
+    other.close()
