@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import httpx
+from httpx_sse import aconnect_sse
 
 from daemon.config import (
     CREDENTIALS_FILE,
@@ -483,42 +484,23 @@ def _record_text(value: dict[str, Any]) -> str:
 async def _sse(
     http: httpx.AsyncClient, url: str, headers: dict[str, str], after: int
 ) -> AsyncIterator[tuple[int, str, dict[str, Any]]]:
-    """(id, event, data) of an SSE stream; only text parts' deltas are tagged as text.
-
-    A minimal reader of the event-stream format (``id:``, ``event:``, ``data:``, blank
-    line ends an event, ``:`` comments ignored) over httpx's line iterator.
-    """
+    """(id, event, data) of a reply's SSE stream; deltas are tagged with their part's type."""
     send_headers = dict(headers)
     if after:
         send_headers["Last-Event-ID"] = str(after)
     kinds: dict[int, str] = {}
-    async with http.stream("GET", url, headers=send_headers) as response:
-        if response.status_code != 200:
-            raise ValueError(f"stream answered {response.status_code}")
-        ev_id, event, data = 0, "message", []
-        async for line in response.aiter_lines():
-            if line == "":
-                if data:
-                    payload = json.loads("\n".join(data))
-                    if event == "part-start":
-                        kinds[payload.get("index", 0)] = payload.get("type", "text")
-                    elif event == "delta":
-                        payload["type"] = kinds.get(payload.get("index", 0), "text")
-                    yield ev_id, event, payload
-                    if event == "status":
-                        return
-                ev_id, event, data = 0, "message", []
-            elif line.startswith(":"):
-                continue
-            else:
-                field, _, value = line.partition(":")
-                value = value.removeprefix(" ")
-                if field == "id" and value.isdigit():
-                    ev_id = int(value)
-                elif field == "event":
-                    event = value
-                elif field == "data":
-                    data.append(value)
+    async with aconnect_sse(http, "GET", url, headers=send_headers) as source:
+        if source.response.status_code != 200:
+            raise ValueError(f"stream answered {source.response.status_code}")
+        async for sse in source.aiter_sse():
+            payload = json.loads(sse.data)
+            if sse.event == "part-start":
+                kinds[payload.get("index", 0)] = payload.get("type", "text")
+            elif sse.event == "delta":
+                payload["type"] = kinds.get(payload.get("index", 0), "text")
+            yield int(sse.id) if sse.id.isdigit() else 0, sse.event, payload
+            if sse.event == "status":
+                return
 
 
 # -- check -------------------------------------------------------------------------------
