@@ -470,15 +470,26 @@ async function renderMarkdownLater() {
     }
   }
   if (!texts.size) return;
-  const list = [...texts];
-  for (const t of list) state.html.set(t, false); // asked for
-  try {
-    const { html } = await api('/api/render', { method: 'POST', json: { texts: list } });
-    list.forEach((t, i) => state.html.set(t, html[i]));
-  } catch (err) {
-    for (const t of list) state.html.delete(t);
-    console.error(err);
-    return;
+  // Batches that stay well under the server's body and list limits.
+  const batches = [[]];
+  let size = 0;
+  for (const t of texts) {
+    if (batches.at(-1).length >= 50 || (size + t.length > 400_000 && batches.at(-1).length)) {
+      batches.push([]);
+      size = 0;
+    }
+    batches.at(-1).push(t);
+    size += t.length;
+    state.html.set(t, false); // asked for
+  }
+  for (const list of batches) {
+    try {
+      const { html } = await api('/api/render', { method: 'POST', json: { texts: list } });
+      list.forEach((t, i) => state.html.set(t, html[i]));
+    } catch (err) {
+      for (const t of list) state.html.delete(t);
+      console.warn('markdown render failed; showing plain text', err);
+    }
   }
   renderThread();
 }
