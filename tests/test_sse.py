@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import fastapi.routing
 import pytest
 
+import daemon.http
 from recordstore import MESSAGE
 from tests.daemon_fixtures import ALICE, Daemon, running_daemon, sse_events
 from tests.fakemodel import FakeModel, Reply
@@ -134,8 +134,8 @@ async def test_disconnect_does_not_cancel_and_slow_readers_do_not_slow(
 async def test_keepalive_and_queued(
     tmp_path: Path, fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # fastapi.sse pings every 15 s when a stream is idle; shortened here to see one.
-    monkeypatch.setattr(fastapi.routing, "_PING_INTERVAL", 0.2)
+    # A stream pings every 15 s when idle; shortened here to see one.
+    monkeypatch.setattr(daemon.http, "KEEPALIVE_SECONDS", 0.2)
     fake_model.default = Reply.text(["slow"]).delayed(ttft=1.0)
     async with running_daemon(tmp_path, fake_model, turns={"ratePerMinute": 1}) as dm:
         skey = await dm.conversation()

@@ -203,7 +203,7 @@ class TurnEngine:
         """At start-up: our interrupted claims become errors; young requests run again."""
         for claim in await self._state.claims():
             record = await self._store.get_record(claim.did, claim.skey, MESSAGE, claim.reply_key)
-            if record is not None and record.value.get("status") == "pending":
+            if record is not None and record.value.get("status") == "pending" and self._mine(record.value):
                 value = {k: v for k, v in record.value.items() if k != "claim"}
                 value.update(status="error", error="interrupted")
                 try:
@@ -220,6 +220,11 @@ class TurnEngine:
             )
             if time.time() - request.requested_at <= window:
                 self.task_group.start_soon(self._start_quietly, request.did, request.skey, request.user_key)
+
+    def _mine(self, value: Mapping[str, Any]) -> bool:
+        """Whether a placeholder is this instance's claim (another runner may have won)."""
+        claim = value.get("claim")
+        return not isinstance(claim, str) or claim.startswith(self._state.instance_id + ":")
 
     async def _start_quietly(self, did: str, skey: str, user_key: str) -> None:
         try:
@@ -456,20 +461,27 @@ class TurnEngine:
         }
         if effort:
             placeholder["effort"] = effort
+        # The stream opens before the placeholder is visible: a client that sees
+        # `pending` and subscribes at once must find the live stream, not a stored status.
+        running.buffer = running.buffer or self._streams.open(did, skey, reply)
+        self._running[(did, skey, reply)] = running
+        # The claim row goes first: a crash right after the create still finds it.
+        await self._state.add_claim(did, skey, reply)
         try:
             claimed = await self._store.create_record(did, skey, MESSAGE, reply, placeholder)
         except RecordExists:
+            self._running.pop((did, skey, reply), None)
+            await self._state.drop_claim(did, skey, reply)
             await self._state.drop_request(did, skey, user_key, attempt)
             start.set("answered")
-            if running.buffer is not None:
-                await self._close_with_stored_status(did, skey, reply, running.buffer)
+            await self._close_with_stored_status(did, skey, reply, running.buffer)
             return
-        await self._state.add_claim(did, skey, reply)
-        await self._state.drop_request(did, skey, user_key, attempt)
-        buffer = running.buffer or self._streams.open(did, skey, reply)
-        running.buffer = buffer
-        self._running[(did, skey, reply)] = running
+        except BaseException:
+            self._running.pop((did, skey, reply), None)
+            running.buffer.close()
+            raise
         start.set("claimed")
+        await self._state.drop_request(did, skey, user_key, attempt)
         try:
             await self._generate(
                 did, skey, reply, claimed.cid, placeholder, conversation, user_message, chain,

@@ -9,6 +9,7 @@ record is at most ~1 MB) and dropped a minute after the turn ends.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -63,20 +64,33 @@ class StreamBuffer:
 
     async def events(self, after: int = 0) -> AsyncIterator[StreamEvent]:
         """Events with ids greater than ``after``: the buffered ones, then live ones."""
+        async for batch in self.batches(after):
+            for event in batch:
+                yield event
+
+    async def batches(
+        self, after: int = 0, idle: float = math.inf
+    ) -> AsyncIterator[list[StreamEvent]]:
+        """Like :meth:`events`, but everything available at once, so a writer can send
+        it in one write; an empty batch after ``idle`` seconds without an event."""
         index = max(after, 0)
         if self._on_subscribers:
             self._on_subscribers(+1)
         try:
             while True:
-                events = self._events
-                while index < len(events):
-                    yield events[index]
-                    index += 1
+                if index < len(self._events):
+                    batch = self._events[index:]
+                    index += len(batch)
+                    yield batch
+                    continue
                 if self._closed_at is not None:
                     return
                 if self._wakeup is None:
                     self._wakeup = anyio.Event()
-                await self._wakeup.wait()
+                with anyio.move_on_after(idle) as scope:
+                    await self._wakeup.wait()
+                if scope.cancelled_caught:
+                    yield []
         finally:
             if self._on_subscribers:
                 self._on_subscribers(-1)
