@@ -75,6 +75,8 @@ _TOKEN_ERRORS = {"ExpiredToken", "InvalidToken", "AuthenticationRequired", "Auth
 # the read-back after a failed write is tried before the outcome counts as unknown.
 _CREATE_TRIES = 3
 _READBACK_TRIES = 5
+# put_record with a swap: how long an unreachable PDS (or its 5xx) is retried.
+_PUT_RETRY_SECONDS = 60.0
 
 
 @dataclass(slots=True)
@@ -430,13 +432,31 @@ class PdsStore(RecordStore):
         if swap_cid is not None:
             body["swapRecord"] = swap_cid
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        try:
-            await self._post(did, "com.atproto.repo.putRecord", payload)
-        except RequestErrorBase as e:
-            if _error_name(e) == "InvalidSwap":
-                raise InvalidSwap(f"{collection}/{rkey} is not at {swap_cid}") from None
-            raise _store_error(e, f"putRecord {collection}/{rkey}") from None
-        return Record(did, space, collection, key, cid, value)
+        # A put with a swap is safe to send again: a replay cannot overwrite someone
+        # else's write, and one that landed although its answer was lost shows as our
+        # CID on read-back. So while the PDS is unreachable (restarting, say) it is tried
+        # for a while — the turn engine's final write must not leave a reply `pending`.
+        deadline = anyio.current_time() + (_PUT_RETRY_SECONDS if swap_cid is not None else 0)
+        delay = 0.25
+        retried = False
+        while True:
+            try:
+                await self._post(did, "com.atproto.repo.putRecord", payload)
+                return Record(did, space, collection, key, cid, value)
+            except RequestErrorBase as e:
+                if _error_name(e) == "InvalidSwap":
+                    if retried:
+                        found = await self.get_record(did, space, collection, key)
+                        if found is not None and found.cid == cid:
+                            return found  # an earlier try landed
+                    raise InvalidSwap(f"{collection}/{rkey} is not at {swap_cid}") from None
+                if not _transient(e) or anyio.current_time() + delay > deadline:
+                    raise _store_error(e, f"putRecord {collection}/{rkey}") from None
+                if not retried:
+                    log.warning("putRecord %s/%s: %s; retrying", collection, rkey, _describe(e))
+                retried = True
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def delete_record(
         self, did: str, space: str, collection: str, key: str, *, swap_cid: str | None = None
@@ -569,6 +589,14 @@ def _error_name(e: BaseException) -> str | None:
     response = getattr(e, "response", None)
     content = getattr(response, "content", None)
     return getattr(content, "error", None)
+
+
+def _transient(e: BaseException) -> bool:
+    """The PDS could not be reached, or failed on its side: worth another try."""
+    response = getattr(e, "response", None)
+    if response is None:
+        return isinstance(e, NetworkError)  # no answer: refused, reset, timed out
+    return response.status_code >= 500  # (the SDK's NetworkError also covers 409 and 413)
 
 
 def _describe(e: BaseException) -> str:
