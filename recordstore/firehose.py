@@ -74,6 +74,17 @@ CHAT_PREFIX = f"{NSID}."
 SWEPT_COLLECTIONS = (MESSAGE, INFO, PREFERENCES, CONVERSATION_REF)
 _BACKOFF_MAX = 30.0
 _HEALTHY_SECONDS = 30.0  # a connection that lived this long resets the backoff
+# The SDK client reconnects by itself (a refused or dropped connection never reaches our
+# loop) after 2, 4, ... up to 64 s: a PDS restarted after 30 s went unnoticed for another
+# 30. Its delays are capped here, so a restarted PDS is followed again within seconds.
+_RECONNECT_MAX = 5.0
+
+
+class _FirehoseClient(AsyncFirehoseSubscribeReposClient):
+    """The SDK's client with its own reconnection delays capped (see ``_RECONNECT_MAX``)."""
+
+    def _get_reconnection_delay(self) -> float:
+        return min(_RECONNECT_MAX, _backoff(self._reconnect_no))
 
 
 def encode_cursor(positions: dict[str, int]) -> str:
@@ -144,9 +155,7 @@ class _Endpoint:
             params: dict[str, Any] = {} if self.cursor is None else {"cursor": self.cursor}
             # recv_timeout=None: an idle repo is not a dead connection (websockets' pings
             # find those); the SDK's timeout would reconnect every idle half minute.
-            client = AsyncFirehoseSubscribeReposClient(
-                params, base_uri=_ws_base(self.endpoint), recv_timeout=None
-            )
+            client = _FirehoseClient(params, base_uri=_ws_base(self.endpoint), recv_timeout=None)
             self.client = client
             try:
                 await client.start(self._on_frame)
