@@ -33,6 +33,7 @@ from recordstore import (
     Change,
     InvalidRecord,
     InvalidSwap,
+    Record,
     RecordExists,
     RecordNotFound,
     RecordStore,
@@ -277,11 +278,11 @@ class TurnEngine:
                 **{k: v for k, v in generation.items() if v is not None},
                 "attempt": 0,
             }
-        await self._store.create_record(did, skey, MESSAGE, key, value)
+        created = await self._store.create_record(did, skey, MESSAGE, key, value)
         if generation is None:
             await self._touch_ref(did, skey)
             return PostResult(key, None, None)
-        turn = await self.start_turn(did, skey, key)
+        turn = await self._start(did, skey, created, fresh=True)
         await self._touch_ref(did, skey)
         return PostResult(key, reply_key(key, 0), turn)
 
@@ -366,6 +367,11 @@ class TurnEngine:
         record = await self._store.get_record(did, skey, MESSAGE, user_key)
         if record is None:
             raise RecordNotFound(f"no message {user_key} in conversation {skey}")
+        return await self._start(did, skey, record, fresh=False)
+
+    async def _start(self, did: str, skey: str, record: Record, *, fresh: bool) -> str | None:
+        """start_turn for a message already read; ``fresh``: just created, so unanswered."""
+        user_key = record.key
         if parse_reply_key(user_key) is not None:
             return None  # reply keys belong to the runners (as in triggers.decide)
         generation = record.value.get("generation")
@@ -375,7 +381,7 @@ class TurnEngine:
         reply = reply_key(user_key, attempt)
         address = (did, skey, reply)
         start = self._starts.get(address)
-        if start is None:
+        if start is None and not fresh:
             if await self._store.get_record(did, skey, MESSAGE, reply) is not None:
                 return "answered"
             # Another caller (the change feed, a POST) may have started it during that read.
@@ -396,7 +402,6 @@ class TurnEngine:
     async def _turn(self, did: str, skey: str, user_key: str, attempt: int, start: _Start) -> None:
         address = (did, skey, reply_key(user_key, attempt))
         try:
-            await self._state.add_request(did, skey, user_key, attempt)
             await self._claim_and_run(did, skey, user_key, attempt, start)
         except Exception:
             log.exception("turn %s/%s failed before it could finish", skey, address[2])
@@ -427,11 +432,14 @@ class TurnEngine:
         effort = choose_effort(generation, conversation.preferences)
         running = _Running(anyio.CancelScope())
         # 3. Rate limit: wait unclaimed.
-        if not self._limiter.try_acquire(did, settings.rate_per_minute):
+        was_queued = not self._limiter.try_acquire(did, settings.rate_per_minute)
+        if was_queued:
             running.queued = True
             running.buffer = self._streams.open(did, skey, reply)
             running.buffer.publish("queued", {})
             self._running[(did, skey, reply)] = running
+            # Durable while it waits: a restart runs it if it is still young.
+            await self._state.add_request(did, skey, user_key, attempt)
             start.set("queued")
             self.metrics.queue.inc()
             try:
@@ -481,7 +489,8 @@ class TurnEngine:
             running.buffer.close()
             raise
         start.set("claimed")
-        await self._state.drop_request(did, skey, user_key, attempt)
+        if was_queued:
+            await self._state.drop_request(did, skey, user_key, attempt)
         try:
             await self._generate(
                 did, skey, reply, claimed.cid, placeholder, conversation, user_message, chain,
