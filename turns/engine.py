@@ -282,8 +282,8 @@ class TurnEngine:
         if generation is None:
             await self._touch_ref(did, skey)
             return PostResult(key, None, None)
+        # The conversationRef is touched when the reply is written.
         turn = await self._start(did, skey, created, fresh=True)
-        await self._touch_ref(did, skey)
         return PostResult(key, reply_key(key, 0), turn)
 
     async def regenerate(
@@ -338,6 +338,9 @@ class TurnEngine:
         if decision.error is not None:
             await self._error_reply(change.did, change.space, change.key, decision.attempt, decision.error)
             return
+        reply = reply_key(change.key, decision.attempt)
+        if self._streams.get(change.did, change.space, reply) is not None:
+            return  # started here (a POST, or this feed earlier): nothing to read
         await self.start_turn(change.did, change.space, change.key)
 
     async def _error_reply(self, did: str, skey: str, key: str, attempt: int, message: str) -> None:

@@ -104,6 +104,7 @@ class StreamRegistry:
 
     def __init__(self, on_subscribers: Callable[[int], None] | None = None) -> None:
         self._buffers: dict[tuple[str, str, str], StreamBuffer] = {}
+        self._purged_at = 0.0
         self._on_subscribers = on_subscribers
 
     def open(self, did: str, skey: str, reply_key: str) -> StreamBuffer:
@@ -120,5 +121,8 @@ class StreamRegistry:
 
     def _purge(self) -> None:
         now = time.monotonic()
+        if now - self._purged_at < 1.0:
+            return  # a scan per call would cost O(buffers) on every subscribe
+        self._purged_at = now
         for key in [k for k, b in self._buffers.items() if b.expired(now)]:
             del self._buffers[key]
