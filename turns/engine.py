@@ -420,14 +420,10 @@ class TurnEngine:
     ) -> None:
         reply = reply_key(user_key, attempt)
         settings = self._settings()
-        # 1. Load, once per turn; meanwhile note the claim we are about to try, so
-        # a crash right after the claim still finds it (recover() checks the token).
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._state.add_claim, did, skey, reply)
-            conversation = await self._load(did, skey)
+        # 1. Load, once per turn.
+        conversation = await self._load(did, skey)
         user_message = conversation.messages.get(user_key)
         if user_message is None:
-            await self._state.drop_claim(did, skey, reply)
             await self._state.drop_request(did, skey, user_key, attempt)
             return
         chain = branch(conversation.messages, user_key)
@@ -459,7 +455,6 @@ class TurnEngine:
             if running.scope.cancel_called:
                 if running.shutdown:
                     running.buffer.close()
-                    await self._state.drop_claim(did, skey, reply)
                     return  # the request stays in turn_request for the next start
                 running = _Running(anyio.CancelScope(), cancel_requested=True, buffer=running.buffer)
                 running.scope.cancel()
@@ -481,6 +476,8 @@ class TurnEngine:
         # `pending` and subscribes at once must find the live stream, not a stored status.
         running.buffer = running.buffer or self._streams.open(did, skey, reply)
         self._running[(did, skey, reply)] = running
+        # The claim row goes first: a crash right after the create still finds it.
+        await self._state.add_claim(did, skey, reply)
         try:
             claimed = await self._store.create_record(did, skey, MESSAGE, reply, placeholder)
         except RecordExists:
@@ -722,29 +719,21 @@ class TurnEngine:
     # -- reading -------------------------------------------------------------------------
 
     async def _load(self, did: str, skey: str) -> _Conversation:
-        """Info, preferences and every message, read once per turn (the three at once)."""
-        found: dict[str, Any] = {}
-
-        async def get(name: str, space: str, collection: str) -> None:
-            record = await self._store.get_record(did, space, collection, "self")
-            found[name] = record.value if record else None
-
-        async def messages() -> None:
-            found["messages"] = {}
-            cursor: str | None = None
-            while True:
-                page, cursor = await self._store.list_records(
-                    did, skey, MESSAGE, cursor=cursor, limit=100
-                )
-                found["messages"].update((r.key, r.value) for r in page)
-                if cursor is None or not page:
-                    break
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(get, "info", skey, INFO)
-            tg.start_soon(get, "preferences", SETTINGS_SPACE, PREFERENCES)
-            tg.start_soon(messages)
-        return _Conversation(found["info"], found["preferences"], found["messages"])
+        info = await self._store.get_record(did, skey, INFO, "self")
+        preferences = await self._store.get_record(did, SETTINGS_SPACE, PREFERENCES, "self")
+        messages: dict[str, dict[str, Any]] = {}
+        cursor: str | None = None
+        while True:
+            page, cursor = await self._store.list_records(
+                did, skey, MESSAGE, cursor=cursor, limit=100
+            )
+            for record in page:
+                messages[record.key] = record.value
+            if cursor is None or not page:
+                break
+        return _Conversation(
+            info.value if info else None, preferences.value if preferences else None, messages
+        )
 
     async def _touch_ref(self, did: str, skey: str, title: str | None = None) -> None:
         """Keep the settings space's conversationRef current (the listing reads it)."""
