@@ -2,7 +2,7 @@
 stock ``atproto`` SDK, and a fake model server, on a local store and on an account of the
 reference PDS (``tests/pdsfixture.py``).
 
-Each test is parametrized over the backend:
+Each test is parametrized over the backend (the ``pds`` cases carry the ``pds`` marker):
 
 - ``local``: the daemon's own SQLite store; direct clients write through the daemon's
   XRPC (``http://127.0.0.1:<port>``), which the stock SDK talks to unchanged;
@@ -12,10 +12,12 @@ Each test is parametrized over the backend:
 Records are read back the same way on both (``com.atproto.repo.getRecord`` /
 ``listRecords`` over HTTP), in the classic-repo layout ``<skey>:<key>``.
 
-CIDs: ``tests/test_cid.py`` checks turnd's CIDs against ``tests/vectors/cids.json`` (the
-CIDs the reference PDS returned), ``tests/test_pds_fixture.py`` checks the reference PDS
-still returns them; here, every record written in these tests — by the SDK and by turnd —
-is checked to have the CID turnd computes for its value, on both backends.
+CIDs: ``test_vector_cids_through_a_running_daemon`` writes the records of
+``tests/vectors/cids.json`` into both backends with the SDK and gets the reference PDS's
+CIDs back (``tests/test_cid.py`` checks turnd's encoder against them, and
+``tests/test_pds_fixture.py`` that the reference PDS still returns them); every other
+record these tests write or read — the SDK's and turnd's — is checked to have the CID
+turnd computes for its value, on both backends.
 """
 
 from __future__ import annotations
@@ -53,8 +55,6 @@ from tests.reliability_kit import (
     user_message,
     wait_until,
 )
-
-pytestmark = pytest.mark.pds
 
 PLAIN = "network.sharedcomputer.chat.defs#plainContent"
 APP_PASSWORD_ENV = "T_PDS_APP_PASSWORD"
@@ -185,7 +185,7 @@ class Backend:
         return wait_until(done, timeout, f"the reply {key}", interval=0.2)
 
 
-@pytest.fixture(params=["local", "pds"])
+@pytest.fixture(params=["local", pytest.param("pds", marks=pytest.mark.pds)])
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Backend:
@@ -437,3 +437,21 @@ def test_two_daemons_race_one_generation_each(backend: Backend, running: Any) ->
         )
     finally:
         fake.stop()
+
+
+# -- the same CIDs on both backends -------------------------------------------------------------
+
+
+def test_vector_cids_through_a_running_daemon(backend: Backend, running: Any) -> None:
+    """The records of tests/vectors/cids.json, written with the SDK into each backend,
+    get the reference PDS's CIDs (test_cid.py: turnd's encoder; test_pds_fixture.py: the
+    PDS itself)."""
+    vectors = json.loads((Path(__file__).parent / "vectors" / "cids.json").read_text())
+    with FakeModel() as fake:
+        d = running("d", fake.base_url)
+        client = backend.client(d)
+        skey = new_tid()
+        for i, vector in enumerate(vectors["vectors"]):
+            assert _write(client, backend.did, skey, f"v{i}", vector["record"]) == vector["cid"]
+            assert backend.get(d, skey, f"v{i}") == (vector["cid"], vector["record"])
+        assert d.stop() == 0
