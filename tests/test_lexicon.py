@@ -25,7 +25,7 @@ from recordstore.lexicon import has_lexicon, validate_record
 
 DEFS = "network.sharedcomputer.chat.defs"
 CID = "bafkreibnoelefnzgwbcacyt4vh52ymxvzbjq7mmqhtcnwarfq4lzegsiqe"
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "cids.json"
+VECTORS = Path(__file__).parent / "vectors" / "cids.json"  # facts from the reference PDS
 
 
 def blob(mime: str = "image/png", size: int = 1000, cid: str = CID) -> dict[str, Any]:
