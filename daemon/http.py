@@ -276,8 +276,9 @@ async def _store_up(service: Any) -> bool:
             await service.store.get_record(
                 did, recordstore.SETTINGS_SPACE, recordstore.PREFERENCES, "self"
             )
-        except Exception:
-            log.warning("health check: the store failed a read", exc_info=True)
+        except Exception as exc:
+            # One line, no traceback: a load balancer may poll this every second.
+            log.warning("health check: the store failed a read: %s", exc)
             return False
         return True
     return False

@@ -501,7 +501,9 @@ class TurnEngine:
             )
         finally:
             self._running.pop((did, skey, reply), None)
-            await self._state.drop_claim(did, skey, reply)
+        # Only once the final record is written: if that write failed (a store down for
+        # longer than its retries), the claim stays and the next start marks it interrupted.
+        await self._state.drop_claim(did, skey, reply)
 
     async def _generate(
         self,
