@@ -335,6 +335,22 @@ async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> _Co
 
 ConversationDep = Annotated[_Conversation, Depends(_conversation)]
 
+
+@dataclass(frozen=True, slots=True)
+class _ConversationKey:
+    did: str
+    skey: str
+
+
+async def _conversation_key(skey: str, acct: AccountDep) -> _ConversationKey:
+    # For routes whose engine call reads the conversation anyway (and raises
+    # RecordNotFound -> 404 for a missing or foreign one): one read less per message.
+    keys.validate_space_key(skey)
+    return _ConversationKey(acct.did, skey)
+
+
+ConversationKeyDep = Annotated[_ConversationKey, Depends(_conversation_key)]
+
 api = APIRouter(prefix="/api", tags=["api"])
 
 
@@ -365,7 +381,7 @@ async def get_conversation(conv: ConversationDep, service: ServiceDep) -> dict[s
 
 @api.post("/conversations/{skey}/messages", status_code=201)
 async def post_message(
-    conv: ConversationDep, body: NewMessage, service: ServiceDep
+    conv: ConversationKeyDep, body: NewMessage, service: ServiceDep
 ) -> dict[str, Any]:
     generation = body.generation.model_dump(exclude_none=True) if body.generation else None
     result = await service.engine.post_message(
