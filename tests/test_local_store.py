@@ -393,12 +393,14 @@ async def test_writes_in_this_process_wake_the_feed_at_once(tmp_path: Path) -> N
 # --- several processes ---------------------------------------------------------------
 
 
-def _race_worker(root: str, space: str, keys: list[str], barrier: Any, results: Any) -> None:
+def _race_worker(
+    root: str, space: str, keys: list[str], barrier: Any, results: Any, backwards: bool
+) -> None:
     async def main() -> list[str]:
         won = []
         async with LocalStore.open(root) as store:
             await anyio.to_thread.run_sync(barrier.wait)
-            for key in keys:
+            for key in reversed(keys) if backwards else keys:
                 try:
                     await store.create_record(DID, space, MESSAGE, key, message(key))
                 except RecordExists:
@@ -420,11 +422,18 @@ def _write_worker(root: str, key: str, results: Any) -> None:
 
 
 async def _race(root: Path, space: str, keys: list[str]) -> list[list[str]]:
-    """Two processes create the same keys in the same order; the keys each won."""
+    """Two processes create the same keys from opposite ends; the keys each won.
+
+    In the same order, the one that holds SQLite's write lock first can take every key
+    while the other sleeps in its busy handler; from opposite ends both win some, and
+    they collide where they meet.
+    """
     barrier, results = _spawn.Barrier(2), _spawn.Queue()
     procs = [
-        _spawn.Process(target=_race_worker, args=(str(root), space, keys, barrier, results))
-        for _ in range(2)
+        _spawn.Process(
+            target=_race_worker, args=(str(root), space, keys, barrier, results, backwards)
+        )
+        for backwards in (False, True)
     ]
     for p in procs:
         p.start()

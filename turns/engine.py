@@ -593,6 +593,7 @@ class TurnEngine:
             except HookError as exc:
                 record = {**record, "status": "error", "error": scrub(str(exc), self._secrets)}
             record = await self._write_final(did, skey, reply, record, placeholder_cid)
+            self._running.pop((did, skey, reply), None)  # written: nothing left to cancel
             final = {"status": record["status"], "model": model}
             for name in ("error", "usage"):
                 if name in record:
