@@ -42,6 +42,7 @@ from recordstore import (
 from recordstore.keys import new_tid, parse_reply_key, reply_key
 from recordstore.lexicon import validate_record
 from turns import triggers
+from turns.fit import fit_record
 from turns.generate import TurnFailed, Usage, run_steps, scrub
 from turns.metrics import TurnMetrics
 from turns.models import (
@@ -51,7 +52,7 @@ from turns.models import (
     choose_model,
     reasoning_effort,
 )
-from turns.parts import PartsBuilder, encode_json
+from turns.parts import PartsBuilder
 from turns.prompt import PLAIN, branch, chat_messages, instructions
 from turns.ratelimit import RateLimiter
 from turns.settings import Provider, TurnSettings
@@ -60,8 +61,6 @@ from turns.streams import StreamBuffer, StreamRegistry
 
 log = logging.getLogger("turnd.turns")
 
-RECORD_LIMIT = 900_000  # bytes of JSON; a PDS refuses bodies over 1,000,000
-_SUMMARY_CHARS = 200
 
 
 def now_iso() -> str:
@@ -626,7 +625,7 @@ class TurnEngine:
         self, did: str, skey: str, reply: str, record: dict[str, Any], swap_cid: str
     ) -> dict[str, Any]:
         """Put the final record; large tool outputs go to blobs; what cannot be stored is an error."""
-        record = await self._fit(did, record)
+        record = await fit_record(self._store, did, record)
         try:
             await self._store.put_record(did, skey, MESSAGE, reply, record, swap_cid=swap_cid)
             return record
@@ -642,37 +641,6 @@ class TurnEngine:
             }
             await self._store.put_record(did, skey, MESSAGE, reply, fallback, swap_cid=swap_cid)
             return fallback
-
-    async def _fit(self, did: str, record: dict[str, Any]) -> dict[str, Any]:
-        size = len(encode_json(record).encode())
-        if size <= RECORD_LIMIT:
-            return record
-        parts = [dict(p) for p in record["content"]["parts"]]
-        results = sorted(
-            (i for i, p in enumerate(parts) if p.get("$type", "").endswith("#toolResultPart")
-             and isinstance(p.get("output"), str)),
-            key=lambda i: len(parts[i]["output"].encode()),
-            reverse=True,
-        )
-        record = {**record, "content": {**record["content"], "parts": parts}}
-        for i in results:
-            if size <= RECORD_LIMIT:
-                break
-            output = parts[i]["output"]
-            data = output.encode()
-            parts[i]["outputBlob"] = await self._store.upload_blob(did, data, "text/plain")
-            parts[i]["output"] = (
-                f"[{len(data)} bytes, moved to outputBlob] {output[:_SUMMARY_CHARS]}"
-            )
-            size = len(encode_json(record).encode())
-        if size <= RECORD_LIMIT:
-            return record
-        return {
-            **record,
-            "content": {**record["content"], "parts": []},
-            "status": "error",
-            "error": f"the reply is too large to store ({size} bytes of JSON, limit {RECORD_LIMIT})",
-        }
 
     async def _close_with_stored_status(
         self, did: str, skey: str, reply: str, buffer: StreamBuffer
