@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.procs import wait_ready
+
 LITELLM_SPEC = os.environ.get("TURND_BENCH_LITELLM", "litellm[proxy]==1.106.12")
 INSTALL_TIMEOUT = 900.0
 
@@ -128,22 +130,9 @@ class LiteLLMProxy:
         return self
 
     def _wait_ready(self, timeout: float = 120.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
+        assert self.proc is not None
         url = f"http://127.0.0.1:{self.port}/health/liveliness"
-        with httpx.Client(timeout=2) as client:
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"litellm exited: {self.log_tail()}")
-                try:
-                    if client.get(url).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
-        raise RuntimeError(f"litellm not ready after {timeout:.0f}s: {self.log_tail()}")
+        wait_ready(self.proc, url, "litellm", self.log_tail, timeout, interval=0.2)
 
     def log_tail(self, lines: int = 3) -> str:
         try:

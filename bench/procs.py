@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,29 @@ class FakeModelProc:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    what: str,
+    log_tail: Callable[[], str],
+    timeout: float,
+    interval: float = 0.05,
+) -> None:
+    """Poll ``url`` until it answers 200; fail at once if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited: {log_tail()}")
+            try:
+                if client.get(url).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(interval)
+    raise RuntimeError(f"{what} not ready after {timeout:.0f}s: {log_tail()}")
 
 
 def turnd_command() -> list[str]:
@@ -190,19 +213,8 @@ class TurndProc:
         return self
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2) as client:
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"turnd serve exited: {self.log_tail()}")
-                try:
-                    if client.get(self.base_url + "/healthz").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.05)
-        raise RuntimeError(f"turnd serve not ready after {timeout}s: {self.log_tail()}")
+        assert self.proc is not None
+        wait_ready(self.proc, self.base_url + "/healthz", "turnd serve", self.log_tail, timeout)
 
     def log_tail(self, lines: int = 5) -> str:
         try:
