@@ -29,7 +29,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import recordstore
-from daemon import webui, xrpc
+from daemon import echo, webui, xrpc
 from daemon.auth import bearer_token
 from recordstore import keys
 
@@ -221,12 +221,7 @@ def create_app(service: Any) -> FastAPI:
     _add_ops_routes(app, service)
     if _config(service, "store_kind", "local") == "local":
         app.include_router(xrpc.router(service))
-    try:
-        from daemon import echo
-    except ImportError:  # pragma: no cover - echo is part of the daemon package
-        pass
-    else:
-        app.include_router(echo.router())
+    app.include_router(echo.router())  # the built-in provider, at /echo/v1
 
     blob_limit = int(_config(service, "max_body_bytes", 52_428_800))
     app.add_middleware(

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -121,7 +121,6 @@ class _Running:
     shutdown: bool = False
     queued: bool = False  # waiting for the rate limit, nothing claimed yet
     buffer: StreamBuffer | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class TurnEngine:
@@ -321,10 +320,6 @@ class TurnEngine:
 
     def stream(self, did: str, skey: str, reply: str) -> StreamBuffer | None:
         return self._streams.get(did, skey, reply)
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
 
     # -- the direct-write trigger ------------------------------------------------------
 
