@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from httpx_sse import connect_sse
 
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
@@ -153,22 +154,10 @@ def _all_pending(data: Path) -> list[str]:
 
 
 def _stream(d: Turnd, skey: str, reply: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    with d.client() as api, api.stream(
-        "GET", f"/api/conversations/{skey}/messages/{reply}/stream"
-    ) as r:
-        assert r.status_code == 200
-        current: dict[str, Any] = {}
-        for line in r.iter_lines():
-            if not line:
-                if current:
-                    events.append(current)
-                current = {}
-            elif line.startswith("event:"):
-                current["event"] = line[6:].strip()
-            elif line.startswith("data:"):
-                current["data"] = json.loads(line[5:].strip())
-    return events
+    url = f"/api/conversations/{skey}/messages/{reply}/stream"
+    with d.client() as api, connect_sse(api, "GET", url) as source:
+        assert source.response.status_code == 200
+        return [{"event": e.event, "data": json.loads(e.data)} for e in source.iter_sse()]
 
 
 def _partial(d: Turnd, skey: str, reply: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from httpx_sse import aconnect_sse
 
 from tests.reliability_kit import ALICE_TOKEN, TEXT, FakeProc, Turnd, reply_text, wait_until
 
@@ -28,22 +29,12 @@ pytestmark = [pytest.mark.reliability, pytest.mark.anyio]
 
 
 async def _subscribe(http: httpx.AsyncClient, skey: str, reply: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    async with http.stream("GET", f"/api/conversations/{skey}/messages/{reply}/stream") as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if not line:
-                if current:
-                    events.append(current)
-                current = {}
-            elif line.startswith("id:"):
-                current["id"] = int(line[3:])
-            elif line.startswith("event:"):
-                current["event"] = line[6:].strip()
-            elif line.startswith("data:"):
-                current["data"] = line[5:].strip()
-    return events
+    url = f"/api/conversations/{skey}/messages/{reply}/stream"
+    async with aconnect_sse(http, "GET", url) as source:
+        assert source.response.status_code == 200
+        return [
+            {"id": int(e.id), "event": e.event, "data": e.data} async for e in source.aiter_sse()
+        ]
 
 
 def _check_events(events: list[dict[str, Any]], stored: dict[str, Any]) -> None:
