@@ -87,12 +87,31 @@ class HttpTable(_Table):
     web: bool = True
     # Large enough for a 50 MB filePart upload (SPEC §2); JSON bodies are smaller anyway.
     max_body_bytes: int = Field(default=52_428_800, gt=0)
+    # SPEC §12: Host names besides our own ("host" = any port, "host:port").
+    allowed_hosts: list[str] = Field(default_factory=list)
+    header_timeout: float = Field(default=10.0, gt=0)  # seconds to send a request head
+    max_connections: int = Field(default=1000, gt=0)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        from daemon.hosts import split_host
+
+        for entry in value:
+            if not split_host(entry)[0]:
+                raise ValueError(f"expected host or host:port, got {entry!r}")
+        return value
 
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
         parse_listen(value)
         return value
+
+
+class XrpcTable(_Table):
+    # SPEC §12: the local store's XRPC reads need a login unless this is true.
+    public_reads: bool = False
 
 
 class ModelsTable(_Table):
@@ -113,6 +132,7 @@ class AccountTable(_Table):
     did: str | None = None
     # Tools offered when a message's generation request names none.
     tools: list[str] = Field(default_factory=list)
+    maxStorageBytes: int | None = Field(default=None, gt=0)  # SPEC §12: caps the blobs
 
 
 class PluginsTable(_Table):
@@ -123,6 +143,7 @@ class FileModel(_Table):
     store: StoreTable = Field(default_factory=StoreTable)
     state: StateTable = Field(default_factory=StateTable)
     http: HttpTable = Field(default_factory=HttpTable)
+    xrpc: XrpcTable = Field(default_factory=XrpcTable)
     models: ModelsTable = Field(default_factory=ModelsTable)
     # Checked by TurnSettings.from_toml, which owns those names and defaults.
     turns: dict[str, Any] = Field(default_factory=dict)
@@ -147,6 +168,7 @@ class Account:
     password_env: str | None = None
     token_env: str | None = None
     tools: tuple[str, ...] = ()
+    max_storage_bytes: int | None = None  # [accounts.X] maxStorageBytes
 
 
 @dataclass(slots=True)
@@ -172,6 +194,11 @@ class Config:
     generated_account: bool = False
     # Set by load_config: rereads [turns] when the file changes (at most one stat a second).
     settings: Callable[[], TurnSettings] = field(default=lambda: TurnSettings(), repr=False)
+    # SPEC §12, the service's safety limits ([http] and [xrpc] keys of the same names).
+    allowed_hosts: list[str] = field(default_factory=list)
+    header_timeout: float = 10.0
+    max_connections: int = 1000
+    public_reads: bool = False
 
     @property
     def base_url(self) -> str:
@@ -288,6 +315,7 @@ def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[st
         "store": StoreTable,
         "state": StateTable,
         "http": HttpTable,
+        "xrpc": XrpcTable,
         "models": ModelsTable,
         "plugins": PluginsTable,
     }
@@ -551,6 +579,7 @@ def build_config(
                 password_env=table.password_env,
                 token_env=table.token_env,
                 tools=tuple(table.tools),
+                max_storage_bytes=table.maxStorageBytes,
             )
         )
 
@@ -582,6 +611,10 @@ def build_config(
         plugins=list(parsed.plugins.enabled),
         turns=turns,
         generated_account=generated,
+        allowed_hosts=list(parsed.http.allowed_hosts),
+        header_timeout=parsed.http.header_timeout,
+        max_connections=parsed.http.max_connections,
+        public_reads=parsed.xrpc.public_reads,
     )
     config.settings = SettingsReloader(path, turns, env)
     return config

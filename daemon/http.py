@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import recordstore
 from daemon import echo, webui, xrpc
 from daemon.auth import bearer_token
+from daemon.hosts import HostCheck, own_names
 from recordstore import keys
 
 log = logging.getLogger("turnd.http")
@@ -235,6 +236,8 @@ def create_app(service: Any) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-Filename", "Last-Event-ID"],
         )
+    # Added last, so it runs first: a request for a foreign Host never reaches a body read.
+    app.add_middleware(HostCheck, names=own_names(service))
     # Mounted last: "/" would otherwise shadow every route after it.
     if _config(service, "web", True) and WEB_DIR.is_dir():
         app.mount("/", webui.static_files(WEB_DIR), name="web")  # with its CSP headers

@@ -282,6 +282,22 @@ class _Xrpc:
             raise XrpcError(401, "AuthenticationRequired", "Authentication Required")
         return account.did
 
+    def _reader(self, request: Request, account: Any) -> None:
+        """SPEC §12: the local store is private. A read needs the owner's session or
+        its /api bearer token, unless ``[xrpc] public_reads`` opens it."""
+        if getattr(getattr(self._service, "config", None), "public_reads", False):
+            return
+        token = bearer_token(request)
+        lookup = getattr(self._service, "account_for_token", None)
+        by_token = lookup(token) if token and lookup is not None else None
+        if by_token is not None:
+            if by_token.did != account.did:
+                raise XrpcError(401, "AuthenticationRequired", "Authentication Required")
+            return
+        claims = self._claims(request, ACCESS_SCOPE)
+        if claims.did != account.did:
+            raise XrpcError(401, "AuthenticationRequired", "Authentication Required")
+
     def _session(self, account: Any) -> dict[str, Any]:
         return {
             "accessJwt": self._tokens.issue(account.did, ACCESS_SCOPE),
@@ -317,6 +333,7 @@ class _Xrpc:
         self, request: Request, repo: Annotated[str, Query()]
     ) -> dict[str, Any]:
         account = self._repo(repo, "user")
+        self._reader(request, account)
         return {
             "handle": account.handle,
             "did": account.did,
@@ -367,12 +384,14 @@ class _Xrpc:
 
     async def get_record(
         self,
+        request: Request,
         repo: Annotated[str, Query()],
         collection: Annotated[str, Query()],
         rkey: Annotated[str, Query()],
         cid: Annotated[str | None, Query()] = None,
     ) -> dict[str, Any]:
         account = self._repo(repo)
+        self._reader(request, account)
         keys.validate_collection(collection)
         space, key = keys.split_repo_rkey(rkey)
         rec = await self._store.get_record(account.did, space, collection, key)
@@ -383,6 +402,7 @@ class _Xrpc:
 
     async def list_records(
         self,
+        request: Request,
         repo: Annotated[str, Query()],
         collection: Annotated[str, Query()],
         limit: Annotated[int, Query(ge=1, le=100)] = 50,
@@ -390,6 +410,7 @@ class _Xrpc:
         reverse: Annotated[bool, Query()] = False,
     ) -> dict[str, Any]:
         account = self._repo(repo)
+        self._reader(request, account)
         keys.validate_collection(collection)
         records, next_cursor = await _list_repo(
             self._store, account.did, collection, limit=limit, cursor=cursor, reverse=reverse
@@ -422,11 +443,12 @@ class _Xrpc:
         return {"blob": blob}
 
     async def get_blob(
-        self, did: Annotated[str, Query()], cid: Annotated[str, Query()]
+        self, request: Request, did: Annotated[str, Query()], cid: Annotated[str, Query()]
     ) -> Response:
         account = self._account(did)
         if account is None:
             raise XrpcError(400, "RepoNotFound", f"Could not find repo for DID: {did}")
+        self._reader(request, account)
         data = await self._store.get_blob(account.did, cid)
         return Response(
             data,

@@ -38,6 +38,7 @@ from recordstore import (
     StoreError,
 )
 from recordstore.cid import blob_cid, record_cid
+from recordstore.files import private_dir, private_file
 from recordstore.keys import (
     repo_rkey,
     validate_collection,
@@ -460,11 +461,16 @@ def _make_data_dir(path: Path) -> Path:
     if root.exists() and not root.is_dir():
         raise StoreError(f"{root}: not a turnd store (a file, where a data directory belongs)")
     try:
-        (root / "blobs").mkdir(parents=True, exist_ok=True)
+        private_dir(root)
+        private_dir(root / "blobs")
     except OSError as e:
         raise StoreError(f"{root}: cannot create the data directory ({e.strerror})") from None
     if (root / DB_NAME).exists() and not (root / DB_NAME).is_file():
         raise StoreError(f"{root / DB_NAME}: not a turnd store (not a file)")
+    try:
+        private_file(root / DB_NAME)
+    except OSError as e:
+        raise StoreError(f"{root / DB_NAME}: cannot create ({e.strerror})") from None
     return root
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import aiosqlite
 import anyio
 
+from recordstore.files import private_file
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS turn_request (
@@ -55,7 +57,8 @@ class StateDB:
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_file(path)  # SPEC §12: claims and cursors are nobody else's to read
         db = await aiosqlite.connect(path, isolation_level=None)
         try:
             await db.execute("PRAGMA journal_mode=WAL")
