@@ -45,6 +45,7 @@ from tests.pdsfixture import PdsServer
 from tests.reliability_kit import (
     ALICE,
     ALICE_PASSWORD,
+    ALICE_TOKEN,
     INFO,
     MESSAGE,
     TEXT,
@@ -139,10 +140,16 @@ class Backend:
         client.login(self.handle, self.password, fetch_bsky_profile=False)
         return client
 
+    @property
+    def read_headers(self) -> dict[str, str]:
+        # The local store's reads are private (SPEC §12): the /api token opens them.
+        return {"Authorization": f"Bearer {ALICE_TOKEN}"} if self.pds is None else {}
+
     def get(self, daemon: Turnd, skey: str, key: str) -> tuple[str, dict[str, Any]] | None:
         r = httpx.get(
             f"{self.service_url(daemon)}/xrpc/com.atproto.repo.getRecord",
             params={"repo": self.did, "collection": MESSAGE, "rkey": f"{skey}:{key}"},
+            headers=self.read_headers,
             timeout=30,
         )
         if r.status_code == 400 and r.json().get("error") == "RecordNotFound":
@@ -159,6 +166,7 @@ class Backend:
                 f"{self.service_url(daemon)}/xrpc/com.atproto.repo.listRecords",
                 params={"repo": self.did, "collection": MESSAGE, "reverse": "true",
                         "cursor": cursor, "limit": 100},
+                headers=self.read_headers,
                 timeout=30,
             )
             assert r.status_code == 200, r.text
