@@ -14,7 +14,6 @@ import secrets
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +33,17 @@ from daemon.config import (
     local_did,
     resolve_config_path,
 )
+from recordstore.times import now_iso
+from turns.models import EFFORTS
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
 DEFS = "network.sharedcomputer.chat.defs"
-EFFORTS = ("none", "low", "medium", "high", "max")
 FINAL = ("complete", "error", "cancelled")
 
 
 def _fail(message: str, code: int = EXIT_FAIL) -> int:
     print(f"turnd: {message}", file=sys.stderr, flush=True)
     return code
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -321,7 +317,7 @@ async def _send(
     parent: str | None = None
     if skey is None:
         skey = new_tid()
-        now = _now()
+        now = now_iso()
         await create(INFO, repo_rkey(skey, "self"), {"$type": INFO, "createdAt": now})
         await create(
             CONVERSATION_REF,
@@ -347,7 +343,7 @@ async def _send(
         "role": "user",
         "content": {"$type": f"{DEFS}#plainContent", "parts": [_text_part(args.text)]},
         "generation": generation,
-        "createdAt": _now(),
+        "createdAt": now_iso(),
     }
     if parent:
         record["parent"] = parent

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from urllib.parse import unquote
 
 import anyio
@@ -33,6 +33,7 @@ from daemon import echo, webui, xrpc
 from daemon.auth import bearer_token
 from daemon.hosts import HostCheck, own_names
 from recordstore import keys
+from turns.models import Effort
 
 log = logging.getLogger("turnd.http")
 
@@ -72,9 +73,6 @@ class _Body(BaseModel):
 class ModelRef(_Body):
     provider: str = Field(min_length=1, max_length=128)
     id: str = Field(min_length=1, max_length=256)
-
-
-Effort = Literal["none", "low", "medium", "high", "max"]
 
 
 class GenerationRequest(_Body):

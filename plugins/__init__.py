@@ -1,7 +1,8 @@
 """The plugin API: tools, tool sources and hooks, and their loader."""
 
 from plugins.api import Plugin, Tool, ToolContext, ToolSource
-from plugins.hooks import AFTER_MODEL, BEFORE_MODEL, HOOKS, TURN_AFTER, HookError, PluginSet
+from plugins.context import AFTER_MODEL, BEFORE_MODEL, HOOKS, TURN_AFTER, TurnContext
+from plugins.hooks import HookError, PluginSet
 from plugins.loader import load_plugins
 
 __all__ = [
@@ -15,5 +16,6 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolSource",
+    "TurnContext",
     "load_plugins",
 ]

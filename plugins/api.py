@@ -9,6 +9,8 @@ from typing import Any
 import anyio
 import httpx
 
+from plugins.context import HOOKS
+
 
 @dataclass(frozen=True, slots=True)
 class ToolContext:
@@ -66,8 +68,6 @@ class Plugin:
     hooks: dict[str, list[Callable[..., Any]]] = field(default_factory=dict)
 
     def on(self, hook: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        from plugins.hooks import HOOKS
-
         if hook not in HOOKS:
             raise ValueError(f"unknown hook {hook!r}; hooks are {', '.join(HOOKS)}")
 

@@ -6,11 +6,9 @@ import inspect
 from typing import Any
 
 from plugins.api import Plugin, Tool
+from plugins.context import AFTER_MODEL, BEFORE_MODEL, HOOKS, TURN_AFTER, TurnContext
 
-BEFORE_MODEL = "messages:beforeModel"  # filter: (messages, ctx) -> messages
-AFTER_MODEL = "message:afterModel"  # filter: (record, ctx) -> record
-TURN_AFTER = "turn:after"  # action: (ctx) -> None
-HOOKS = (BEFORE_MODEL, AFTER_MODEL, TURN_AFTER)
+__all__ = ["AFTER_MODEL", "BEFORE_MODEL", "HOOKS", "TURN_AFTER", "HookError", "PluginSet"]
 
 
 class HookError(Exception):
@@ -38,7 +36,7 @@ class PluginSet:
         """The tools offered for a turn: those named that exist, in the order named."""
         return [self._tools[n] for n in dict.fromkeys(names) if n in self._tools]
 
-    async def filter(self, hook: str, value: Any, ctx: Any) -> Any:
+    async def filter(self, hook: str, value: Any, ctx: TurnContext) -> Any:
         for fn in self._hooks(hook):
             try:
                 result = fn(value, ctx)
@@ -49,7 +47,7 @@ class PluginSet:
             value = result
         return value
 
-    async def action(self, hook: str, ctx: Any) -> None:
+    async def action(self, hook: str, ctx: TurnContext) -> None:
         for fn in self._hooks(hook):
             result = fn(ctx)
             if inspect.isawaitable(result):

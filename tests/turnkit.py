@@ -113,7 +113,7 @@ async def user_message(
     store: RecordStore, skey: str, key: str, text: str, *, did: str = DID, **fields: Any
 ) -> None:
     """A direct write of a user message, as a stock atproto client would make it."""
-    from turns.engine import now_iso
+    from recordstore.times import now_iso
 
     value = {
         "$type": MESSAGE,

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import httpx2  # the HTTP client openai 3.x is built on
 import openai
 
 from turns.settings import Provider
 
-# OpenAI-compatible `reasoning_effort`; `max` is the highest the API names.
-_EFFORT = {"none": "none", "low": "low", "medium": "medium", "high": "high", "max": "high"}
+# The efforts a request may name, listed once (the HTTP API and the CLI take these).
+Effort = Literal["none", "low", "medium", "high", "max"]
+EFFORTS: tuple[str, ...] = get_args(Effort)
+# OpenAI-compatible `reasoning_effort` names the others as they are; `high` is its highest.
+_WIRE_EFFORT = {"max": "high"}
 
 
 class ModelResolutionError(Exception):
@@ -53,7 +56,7 @@ def choose_effort(generation: Mapping[str, Any], preferences: Mapping[str, Any] 
 
 
 def reasoning_effort(effort: str | None) -> str | None:
-    return _EFFORT.get(effort) if effort else None
+    return _WIRE_EFFORT.get(effort, effort) if effort in EFFORTS else None
 
 
 def _is_model_ref(value: Any) -> bool:

@@ -1,0 +1,125 @@
+"""Conversations in the store: create one, post to it, load it for a turn, keep its ref.
+
+The turn engine starts turns; this module only reads and writes the records a
+conversation is made of (its info, its messages, the settings space's
+conversationRef).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from recordstore import (
+    CONVERSATION,
+    CONVERSATION_REF,
+    INFO,
+    MESSAGE,
+    PREFERENCES,
+    SETTINGS,
+    SETTINGS_SPACE,
+    Record,
+    RecordNotFound,
+    RecordStore,
+    StoreError,
+)
+from recordstore.keys import new_tid, parse_reply_key
+from recordstore.lexicon import validate_record
+from turns import records, triggers
+
+log = logging.getLogger("turnd.turns")
+
+
+@dataclass
+class Conversation:
+    """What a turn reads, once: the info, the user's preferences, every message by key."""
+
+    info: dict[str, Any] | None
+    preferences: dict[str, Any] | None
+    messages: dict[str, dict[str, Any]]
+
+
+async def load(store: RecordStore, did: str, skey: str) -> Conversation:
+    info = await store.get_record(did, skey, INFO, "self")
+    preferences = await store.get_record(did, SETTINGS_SPACE, PREFERENCES, "self")
+    messages: dict[str, dict[str, Any]] = {}
+    cursor: str | None = None
+    while True:
+        page, cursor = await store.list_records(did, skey, MESSAGE, cursor=cursor, limit=100)
+        for record in page:
+            messages[record.key] = record.value
+        if cursor is None or not page:
+            break
+    return Conversation(
+        info.value if info else None, preferences.value if preferences else None, messages
+    )
+
+
+async def create(
+    store: RecordStore, did: str, *, title: str | None, system_prompt: str | None
+) -> str:
+    """A new conversation space with its info; returns its space key."""
+    skey = new_tid()
+    info = records.conversation_info(title, system_prompt)
+    validate_record(INFO, info)  # before the space exists: nothing half-written
+    await store.create_space(did, CONVERSATION, skey)
+    await store.put_record(did, skey, INFO, "self", info)
+    await touch_ref(store, did, skey, title)
+    return skey
+
+
+async def post(
+    store: RecordStore,
+    did: str,
+    skey: str,
+    *,
+    parent: str | None,
+    parts: list[dict[str, Any]],
+    generation: dict[str, Any] | None,
+) -> Record:
+    """Create a user message (create-only, at a new TID) in an existing conversation."""
+    if await store.get_record(did, skey, INFO, "self") is None:
+        raise RecordNotFound(f"no conversation {skey}")
+    if parent is not None and await store.get_record(did, skey, MESSAGE, parent) is None:
+        raise RecordNotFound(f"no message {parent} in conversation {skey}")
+    value = records.user_message(parts, parent, generation)
+    return await store.create_record(did, skey, MESSAGE, new_tid(), value)
+
+
+async def next_attempt(
+    store: RecordStore,
+    did: str,
+    skey: str,
+    key: str,
+    *,
+    model: dict[str, str] | None,
+    effort: str | None,
+) -> int:
+    """Raise the user message's attempt by one (a put: earlier replies stay); return it."""
+    record = await store.get_record(did, skey, MESSAGE, key)
+    # A record at a reply-shaped key is never a user message, whatever it says.
+    if record is None or record.value.get("role") != "user" or parse_reply_key(key):
+        raise RecordNotFound(f"no user message {key} in conversation {skey}")
+    generation = dict(record.value.get("generation") or {})
+    attempt = triggers.attempt_of(generation) + 1
+    generation["attempt"] = attempt
+    if model is not None:
+        generation["model"] = model
+    if effort is not None:
+        generation["effort"] = effort
+    value = {**record.value, "generation": generation}
+    await store.put_record(did, skey, MESSAGE, key, value, swap_cid=record.cid)
+    return attempt
+
+
+async def touch_ref(store: RecordStore, did: str, skey: str, title: str | None = None) -> None:
+    """Keep the settings space's conversationRef current (the listing reads it)."""
+    try:
+        existing = await store.get_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey)
+        value = records.conversation_ref(did, skey, existing.value if existing else None, title)
+        if existing is None:
+            await store.create_space(did, SETTINGS, SETTINGS_SPACE)
+        await store.put_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey, value)
+    except StoreError as exc:
+        log.warning("could not update the conversationRef of %s: %s", skey, exc)

@@ -1,0 +1,384 @@
+"""One turn, from the claim to the final record: the seed's ten steps, in order.
+
+:meth:`Turn.run` reads top to bottom as the seed does: load the conversation
+once, choose the model and effort, wait for the rate limit (claiming nothing),
+claim the reply key with a create-only write, resolve the provider, build the
+prompt from the branch, run ``messages:beforeModel``, generate while streaming
+to the reply's buffer, and finish: ``message:afterModel``, put the final record,
+``turn:after``. The engine (:mod:`turns.engine`) decides which turns run; a
+:class:`Turn` is one of them, holding its own state instead of passing it along.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from plugins import AFTER_MODEL, BEFORE_MODEL, TURN_AFTER, HookError, PluginSet, ToolContext
+from plugins.context import TurnContext
+from recordstore import MESSAGE, InvalidRecord, InvalidSwap, RecordExists, RecordStore
+from recordstore.keys import reply_key
+from turns import conversations, records
+from turns.conversations import Conversation
+from turns.fit import fit_record
+from turns.generate import TurnFailed, Usage, run_steps, scrub
+from turns.metrics import TurnMetrics
+from turns.models import (
+    Clients,
+    ModelResolutionError,
+    choose_effort,
+    choose_model,
+    reasoning_effort,
+)
+from turns.parts import PartsBuilder
+from turns.prompt import branch, chat_messages, instructions
+from turns.ratelimit import RateLimiter
+from turns.settings import TurnSettings
+from turns.state import StateDB
+from turns.streams import StreamBuffer, StreamRegistry
+
+log = logging.getLogger("turnd.turns")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAddress:
+    """Which turn: the account, the conversation's space key, the user message and attempt.
+
+    ``reply`` is the key the turn answers at (``<user_key>.r<attempt>``).
+    """
+
+    did: str
+    skey: str
+    user_key: str
+    attempt: int
+    reply: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reply", reply_key(self.user_key, self.attempt))
+
+    @property
+    def conversation_uri(self) -> str:
+        return records.conversation_uri(self.did, self.skey)
+
+
+class Start:
+    """An in-flight start: callers wait for the claim's outcome."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result: str | None = None
+
+    def set(self, result: str | None) -> None:
+        if not self.done.is_set():
+            self.result = result
+            self.done.set()
+
+
+@dataclass(frozen=True, slots=True)
+class TurnServices:
+    """What every turn uses, shared: built once by the engine."""
+
+    store: RecordStore
+    state: StateDB
+    settings: Callable[[], TurnSettings]
+    default_model: str
+    plugins: PluginSet
+    user_tools: Mapping[str, list[str]]
+    metrics: TurnMetrics
+    clients: Clients
+    secrets: list[str]
+    streams: StreamRegistry
+    limiter: RateLimiter
+    http: httpx.AsyncClient
+    # The engine's running set: a turn is in it while there is something to cancel.
+    running: dict[TurnAddress, Turn]
+
+
+class Turn:
+    def __init__(self, services: TurnServices, address: TurnAddress, start: Start) -> None:
+        self._s = services
+        self.address = address
+        self._start = start
+        self.scope = anyio.CancelScope()
+        self.cancel_requested = False  # a user's cancel (not a timeout, not a shutdown)
+        self.shutdown = False
+        self.queued = False  # waiting for the rate limit, nothing claimed yet
+        self.buffer: StreamBuffer | None = None
+        self.usage = Usage()
+        self.conversation: Conversation
+        self.user_message: dict[str, Any]
+        self.chain: list[dict[str, Any]]
+        self.model: dict[str, str]
+        self.effort: str | None = None
+        self.tools: list[str] = []
+        self.placeholder: dict[str, Any]
+        self._placeholder_cid: str
+        self._settings = services.settings()
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        self.scope.cancel()
+
+    def stop(self) -> None:
+        """Shutting down: a queued turn keeps its request; a running one ends ``cancelled``."""
+        self.shutdown = True
+        self.scope.cancel()
+
+    async def run(self) -> None:
+        """The seed's ten steps. Returns once the final record is written (or none is due)."""
+        a, state = self.address, self._s.state
+        # 1. Load, once per turn.
+        self.conversation = await conversations.load(self._s.store, a.did, a.skey)
+        user_message = self.conversation.messages.get(a.user_key)
+        if user_message is None:
+            await state.drop_request(a.did, a.skey, a.user_key, a.attempt)
+            return
+        self.user_message = user_message
+        self.chain = branch(self.conversation.messages, a.user_key)
+        generation = user_message.get("generation") or {}
+        # 2. Choose the model and effort.
+        preferences = self.conversation.preferences
+        self.model = choose_model(generation, self.chain[:-1], preferences, self._s.default_model)
+        self.effort = choose_effort(generation, preferences)
+        # 3. Rate limit: wait unclaimed.
+        was_queued = not self._s.limiter.try_acquire(a.did, self._settings.rate_per_minute)
+        if was_queued and not await self._wait_in_queue():
+            return  # shutting down: the request stays in turn_request for the next start
+        # 4. Claim.
+        if not await self._claim():
+            return
+        if was_queued:
+            await state.drop_request(a.did, a.skey, a.user_key, a.attempt)
+        try:
+            # 5-9. Resolve the provider, build the prompt, filter, generate and stream.
+            status, error, parts, started = await self._generate()
+        finally:
+            self._s.running.pop(a, None)
+        # 10. Finish.
+        await self._finish(status, error, parts, started)
+        # Only once the final record is written: if that write failed (a store down for
+        # longer than its retries), the claim stays and the next start marks it interrupted.
+        await state.drop_claim(a.did, a.skey, a.reply)
+
+    # -- 3. the rate limit -----------------------------------------------------------------
+
+    async def _wait_in_queue(self) -> bool:
+        """Wait, unclaimed, for the rate limit; False when a shutdown ended the wait."""
+        a, s = self.address, self._s
+        self.queued = True
+        self.buffer = s.streams.open(a.did, a.skey, a.reply)
+        self.buffer.publish("queued", {})
+        s.running[a] = self
+        # Durable while it waits: a restart runs it if it is still young.
+        await s.state.add_request(a.did, a.skey, a.user_key, a.attempt)
+        self._start.set("queued")
+        s.metrics.queue.inc()
+        try:
+            with self.scope:
+                await s.limiter.acquire(a.did, self._settings.rate_per_minute)
+        finally:
+            s.metrics.queue.dec()
+            s.running.pop(a, None)
+            self.queued = False
+        if self.scope.cancel_called:
+            if self.shutdown:
+                self.buffer.close()
+                return False
+            # Cancelled while queued: claim anyway, so the reply says `cancelled`.
+            self.scope = anyio.CancelScope()
+            self.scope.cancel()
+        return True
+
+    # -- 4. the claim ----------------------------------------------------------------------
+
+    async def _claim(self) -> bool:
+        """Create the placeholder; False when the reply exists or another runner won."""
+        a, s = self.address, self._s
+        # Unique per claim: two runners' placeholders must never be the same bytes.
+        claim = f"{s.state.instance_id}:{secrets.token_hex(6)}"
+        self.placeholder = records.placeholder(a.user_key, self.model, self.effort, claim)
+        # The stream opens before the placeholder is visible: a client that sees
+        # `pending` and subscribes at once must find the live stream, not a stored status.
+        self.buffer = self.buffer or s.streams.open(a.did, a.skey, a.reply)
+        s.running[a] = self
+        # The claim row goes first: a crash right after the create still finds it.
+        await s.state.add_claim(a.did, a.skey, a.reply)
+        try:
+            claimed = await s.store.create_record(a.did, a.skey, MESSAGE, a.reply, self.placeholder)
+        except RecordExists:
+            s.running.pop(a, None)
+            await s.state.drop_claim(a.did, a.skey, a.reply)
+            await s.state.drop_request(a.did, a.skey, a.user_key, a.attempt)
+            self._start.set("answered")
+            await self._close_with_stored_status()
+            return False
+        except BaseException:
+            s.running.pop(a, None)
+            self.buffer.close()
+            raise
+        self._placeholder_cid = claimed.cid
+        self._start.set("claimed")
+        return True
+
+    # -- 5-9. generation -------------------------------------------------------------------
+
+    async def _generate(self) -> tuple[str, str | None, PartsBuilder, float]:
+        """Steps 5 to 9 inside the turn's cancel scope (timeout, cancel, shutdown)."""
+        a, s, settings = self.address, self._s, self._settings
+        assert self.buffer is not None
+        started = time.monotonic()
+        parts = PartsBuilder(self.buffer)
+        status, error = "complete", None
+        self.tools = self._tool_names()
+        self.context = TurnContext(
+            user=a.did,
+            conversation=a.conversation_uri,
+            info=self.conversation.info,
+            preferences=self.conversation.preferences,
+            user_message=self.user_message,
+            reply=self.placeholder,
+            model=self.model,
+            provider=self.model["provider"],
+            effort=self.effort,
+            tools=self.tools,
+        )
+        scope = self.scope
+        scope.deadline = anyio.current_time() + settings.timeout_seconds
+        cancelled = anyio.Event()
+        s.metrics.running.inc()
+        try:
+            with scope:
+                try:
+                    # 5. Resolve the provider.
+                    provider = s.clients.provider(self.model)
+                    # 6. Build the prompt from the branch.
+                    preferences, info = self.conversation.preferences, self.conversation.info
+                    system = instructions(settings, preferences, info)
+                    messages = await chat_messages(s.store, a.did, self.chain, system)
+                    # 7. Filter.
+                    messages = await s.plugins.filter(BEFORE_MODEL, messages, self.context)
+                    # 8-9. Generate and stream.
+                    await run_steps(
+                        s.clients.client(provider, settings.retries),
+                        model=self.model["id"],
+                        messages=messages,
+                        tools=s.plugins.tools(self.tools),
+                        effort=reasoning_effort(self.effort),
+                        settings=settings,
+                        parts=parts,
+                        tool_context=ToolContext(a.did, a.conversation_uri, cancelled, s.http),
+                        usage=self.usage,
+                    )
+                except (TurnFailed, ModelResolutionError, HookError) as exc:
+                    status, error = "error", scrub(str(exc), s.secrets)
+                except Exception as exc:
+                    log.exception("turn %s/%s failed", a.skey, a.reply)
+                    status, error = "error", scrub(f"turnd failed: {type(exc).__name__}", s.secrets)
+            if scope.cancel_called:
+                cancelled.set()
+                status = "cancelled"
+                if not self.cancel_requested and not self.shutdown:
+                    error = f"timed out after {settings.timeout_seconds:g} s"
+        finally:
+            s.metrics.running.dec()
+        return status, error, parts, started
+
+    def _tool_names(self) -> list[str]:
+        generation = self.user_message.get("generation") or {}
+        named = generation.get("tools")
+        if isinstance(named, list):
+            names = [n for n in named if isinstance(n, str)]
+        else:
+            names = list(self._s.user_tools.get(self.address.did, ()))
+        return [t.name for t in self._s.plugins.tools(names)]
+
+    # -- 10. finishing ---------------------------------------------------------------------
+
+    async def _finish(
+        self, status: str, error: str | None, parts: PartsBuilder, started: float
+    ) -> None:
+        """``message:afterModel``, the final record, ``turn:after``; shielded so a
+        shutdown cannot leave the reply pending."""
+        a, s = self.address, self._s
+        assert self.buffer is not None
+        with anyio.CancelScope(shield=True):
+            record = records.final(
+                self.placeholder, parts.finish(), status, error, self.usage.record()
+            )
+            self.context.reply = record
+            try:
+                record = await s.plugins.filter(AFTER_MODEL, record, self.context)
+            except HookError as exc:
+                record = records.failed(record, scrub(str(exc), s.secrets))
+            record = await self._write_final(record)
+            s.running.pop(a, None)  # written: nothing left to cancel
+            self.buffer.publish("status", records.status_event(record, self.model))
+            self.buffer.close()
+            ttft = parts.first_delta_at - started if parts.first_delta_at is not None else None
+            self._observe(record, ttft, time.monotonic() - started)
+            await conversations.touch_ref(s.store, a.did, a.skey)
+            self.context.reply = record
+            try:
+                await s.plugins.action(TURN_AFTER, self.context)
+            except Exception:
+                log.exception("turn:after hook failed for %s/%s", a.skey, a.reply)
+
+    async def _write_final(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Put the final record; large tool outputs go to blobs; what cannot be stored is an error."""
+        a, store = self.address, self._s.store
+        record = await fit_record(store, a.did, record)
+        swap = self._placeholder_cid
+        try:
+            await store.put_record(a.did, a.skey, MESSAGE, a.reply, record, swap_cid=swap)
+            return record
+        except InvalidSwap:
+            log.warning("reply %s/%s was changed by someone else; not overwritten", a.skey, a.reply)
+            return record
+        except InvalidRecord as exc:
+            fallback = records.unstorable(record, exc)
+            await store.put_record(a.did, a.skey, MESSAGE, a.reply, fallback, swap_cid=swap)
+            return fallback
+
+    async def _close_with_stored_status(self) -> None:
+        a = self.address
+        assert self.buffer is not None
+        record = await self._s.store.get_record(a.did, a.skey, MESSAGE, a.reply)
+        status = record.value.get("status", "pending") if record else "pending"
+        self.buffer.publish("status", {"status": status})
+        self.buffer.close()
+
+    def _observe(self, record: Mapping[str, Any], ttft: float | None, duration: float) -> None:
+        a, model, metrics = self.address, self.model, self._s.metrics
+        status = record["status"]
+        metrics.turns.labels(status).inc()
+        if ttft is not None:
+            metrics.ttft.observe(ttft)
+        usage = record.get("usage") or {}
+        log.info(
+            "turn %s/%s %s:%s %s",
+            a.skey,
+            a.reply,
+            model["provider"],
+            model["id"],
+            status,
+            extra={
+                "turn": {
+                    "conversation": a.skey,
+                    "key": a.reply,
+                    "model": f"{model['provider']}:{model['id']}",
+                    "status": status,
+                    "ttft_ms": round(ttft * 1000, 1) if ttft is not None else None,
+                    "duration_ms": round(duration * 1000, 1),
+                    "input_tokens": usage.get("inputTokens"),
+                    "output_tokens": usage.get("outputTokens"),
+                    "error": record.get("error"),
+                }
+            },
+        )
