@@ -19,20 +19,20 @@ from urllib.parse import unquote
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import recordstore
 from daemon import echo, webui, xrpc
-from daemon.auth import bearer_token
+from daemon.deps import AccountDep, ConversationDep, ConversationKeyDep, ServiceDep
+from daemon.errors import install_error_handlers
 from daemon.hosts import HostCheck, own_names
+from daemon.limits import JSON_BODY_LIMIT, BodyLimit
 from recordstore import keys
+from turns import conversations
 from turns.models import Effort
 
 log = logging.getLogger("turnd.http")
@@ -40,28 +40,11 @@ log = logging.getLogger("turnd.http")
 __all__ = ["JSON_BODY_LIMIT", "create_app"]
 
 WEB_DIR = Path(__file__).parent / "web"
-# JSON bodies: a record write is at most 1,000,000 bytes on a PDS, plus its envelope.
-JSON_BODY_LIMIT = 1_048_576
 KEEPALIVE_SECONDS = 15.0  # a comment line on a quiet stream, for idle proxies
 MAX_IMAGE_BYTES = 20_000_000  # the lexicon's imagePart.image maxSize
 MAX_FILE_BYTES = 50_000_000  # and filePart.file's
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
 DEFS = "network.sharedcomputer.chat.defs"
-_BLOB_PATHS = frozenset({"/api/attachments", "/xrpc/com.atproto.repo.uploadBlob"})
-_ERROR_NAMES = {
-    400: "InvalidRequest",
-    401: "AuthRequired",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    409: "Conflict",
-    413: "PayloadTooLarge",
-    415: "UnsupportedMediaType",
-    422: "InvalidRequest",
-    503: "Unavailable",
-}
-
-
 # -- request bodies ------------------------------------------------------------------------
 
 
@@ -99,104 +82,6 @@ class Regenerate(_Body):
     effort: Effort | None = None
 
 
-# -- errors ------------------------------------------------------------------------------------
-
-
-def _error(status: int, message: str, error: str | None = None, **headers: str) -> JSONResponse:
-    name = error or _ERROR_NAMES.get(status, "InternalServerError" if status >= 500 else "Error")
-    return JSONResponse({"error": name, "message": message}, status_code=status, headers=headers)
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def validation(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        return _error(422, _validation_message(exc))
-
-    async def http_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        return _error(exc.status_code, str(exc.detail), **(exc.headers or {}))
-
-    async def store_error(_: Request, exc: Exception) -> Response:
-        if isinstance(exc, recordstore.InvalidRecord):
-            return _error(400, str(exc), "InvalidRecord")
-        if isinstance(exc, recordstore.InvalidKey):
-            return _error(400, str(exc), "InvalidKey")
-        if isinstance(exc, recordstore.RecordNotFound | recordstore.BlobNotFound):
-            return _error(404, str(exc) or "not found")
-        if isinstance(exc, recordstore.RecordExists | recordstore.InvalidSwap):
-            return _error(409, str(exc))
-        return _error(400, str(exc), "StoreError")
-
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        # The message of an unexpected error may hold anything: it goes to the log only.
-        log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-        return _error(500, "internal error")
-
-    app.add_exception_handler(RequestValidationError, validation)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(recordstore.StoreError, store_error)
-    app.add_exception_handler(Exception, unexpected)
-
-
-# -- body size -------------------------------------------------------------------------------
-
-
-class BodyLimit:
-    """Refuses request bodies over the limit (413) without reading them whole.
-
-    A declared Content-Length over the limit is answered at once; a chunked body
-    is counted as it is received and the read fails at the first byte over. The
-    failure is an HTTPException, which FastAPI passes through its body parsing
-    (anything else there would become a 400) to the app's handler.
-    """
-
-    def __init__(self, app: ASGIApp, *, json_limit: int, blob_limit: int) -> None:
-        self.app = app
-        self.json_limit = json_limit
-        self.blob_limit = blob_limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.blob_limit if scope["path"] in _BLOB_PATHS else self.json_limit
-        declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            response = _error(413, f"request body of {declared} bytes exceeds {limit} bytes")
-            await response(scope, receive, send)
-            return
-        received = 0
-
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise HTTPException(413, f"request body exceeds {limit} bytes")
-            return message
-
-        await self.app(scope, counting_receive, send)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
 # -- the app -------------------------------------------------------------------------------------
 
 
@@ -213,7 +98,7 @@ def create_app(service: Any) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    _install_error_handlers(app)
+    install_error_handlers(app)
     app.state.service = service
     app.include_router(api)
     app.include_router(webui.router(service))  # /api/models, /api/render for the page
@@ -286,66 +171,11 @@ async def _store_up(service: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class _Conversation:
-    did: str
-    skey: str
-    info: recordstore.Record
-
-
-@dataclass(frozen=True, slots=True)
 class _StreamSource:
     after: int
     buffer: Any  # turns.streams.StreamBuffer | None
     stored: dict[str, Any] | None
 
-
-def _service(request: Request) -> Any:
-    return request.app.state.service
-
-
-ServiceDep = Annotated[Any, Depends(_service)]
-
-
-async def _account(request: Request, service: ServiceDep) -> Any:
-    token = bearer_token(request)
-    found = service.account_for_token(token) if token else None
-    if found is None or not found.did:
-        raise HTTPException(
-            401,
-            "a valid 'Authorization: Bearer <token>' is required",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    return found
-
-
-AccountDep = Annotated[Any, Depends(_account)]
-
-
-async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> _Conversation:
-    keys.validate_space_key(skey)
-    info = await service.store.get_record(acct.did, skey, recordstore.INFO, "self")
-    if info is None:
-        raise HTTPException(404, f"no conversation {skey}")
-    return _Conversation(acct.did, skey, info)
-
-
-ConversationDep = Annotated[_Conversation, Depends(_conversation)]
-
-
-@dataclass(frozen=True, slots=True)
-class _ConversationKey:
-    did: str
-    skey: str
-
-
-async def _conversation_key(skey: str, acct: AccountDep) -> _ConversationKey:
-    # For routes whose engine call reads the conversation anyway (and raises
-    # RecordNotFound -> 404 for a missing or foreign one): one read less per message.
-    keys.validate_space_key(skey)
-    return _ConversationKey(acct.did, skey)
-
-
-ConversationKeyDep = Annotated[_ConversationKey, Depends(_conversation_key)]
 
 api = APIRouter(prefix="/api", tags=["api"])
 
@@ -362,13 +192,12 @@ async def create_conversation(
 
 @api.get("/conversations")
 async def list_conversations(acct: AccountDep, service: ServiceDep) -> dict[str, Any]:
-    return {"conversations": await _conversations(service.store, acct.did)}
+    return {"conversations": await conversations.listing(service.store, acct.did)}
 
 
 @api.get("/conversations/{skey}")
 async def get_conversation(conv: ConversationDep, service: ServiceDep) -> dict[str, Any]:
-    records = await _all_records(service.store, conv.did, conv.skey, recordstore.MESSAGE)
-    records.sort(key=lambda r: keys.message_sort_key(r.key))
+    records = await conversations.messages(service.store, conv.did, conv.skey)
     return {
         "info": conv.info.value,
         "messages": [{"key": r.key, "cid": r.cid, "value": r.value} for r in records],
@@ -506,29 +335,3 @@ def _stored_status(value: dict[str, Any]) -> dict[str, Any]:
 def _check_size(size: int, limit: int, what: str) -> None:
     if size > limit:
         raise HTTPException(413, f"{what} may be at most {limit} bytes, got {size}")
-
-
-async def _all_records(
-    store: recordstore.RecordStore, did: str, space: str, collection: str
-) -> list[recordstore.Record]:
-    out: list[recordstore.Record] = []
-    cursor: str | None = None
-    while True:
-        page, cursor = await store.list_records(did, space, collection, cursor=cursor, limit=100)
-        out.extend(page)
-        if cursor is None:
-            return out
-
-
-async def _conversations(store: recordstore.RecordStore, did: str) -> list[dict[str, Any]]:
-    """The conversationRef index, newest first; a missing title is read from ``info``."""
-    refs = await _all_records(store, did, recordstore.SETTINGS_SPACE, recordstore.CONVERSATION_REF)
-    out = []
-    for ref in refs:
-        title = ref.value.get("title")
-        if title is None and ":" not in ref.key:
-            info = await store.get_record(did, ref.key, recordstore.INFO, "self")
-            title = info.value.get("title") if info else None
-        out.append({"skey": ref.key, "title": title, "updatedAt": ref.value.get("updatedAt")})
-    out.sort(key=lambda c: (c["updatedAt"] or "", c["skey"]), reverse=True)
-    return out

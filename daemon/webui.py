@@ -13,8 +13,7 @@ And :func:`static_files`, the page itself (``daemon/web/``) served with a strict
 Content-Security-Policy: no inline script or style, everything from this origin.
 """
 
-# No "from __future__ import annotations": FastAPI reads the route annotations below,
-# and AccountDep is imported inside router() (daemon.http imports this module).
+# No "from __future__ import annotations": FastAPI reads the route annotations below.
 
 from html import escape
 from pathlib import Path
@@ -25,6 +24,8 @@ from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from daemon.deps import AccountDep
 
 __all__ = ["CSP", "render_markdown", "router", "static_files"]
 
@@ -93,8 +94,6 @@ class RenderBody(BaseModel):
 
 def router(service: Any) -> APIRouter:
     """The page's /api routes; each needs the same bearer token as the rest of /api."""
-    from daemon.http import AccountDep  # the app's auth dependency, shared
-
     api = APIRouter(prefix="/api", tags=["web"])
 
     @api.get("/models")

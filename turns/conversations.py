@@ -24,7 +24,7 @@ from recordstore import (
     RecordStore,
     StoreError,
 )
-from recordstore.keys import new_tid, parse_reply_key
+from recordstore.keys import message_sort_key, new_tid, parse_reply_key
 from recordstore.lexicon import validate_record
 from turns import records, triggers
 
@@ -40,19 +40,43 @@ class Conversation:
     messages: dict[str, dict[str, Any]]
 
 
+async def _all(store: RecordStore, did: str, space: str, collection: str) -> list[Record]:
+    out: list[Record] = []
+    cursor: str | None = None
+    while True:
+        page, cursor = await store.list_records(did, space, collection, cursor=cursor, limit=100)
+        out.extend(page)
+        if cursor is None or not page:
+            return out
+
+
+async def listing(store: RecordStore, did: str) -> list[dict[str, Any]]:
+    """The conversationRef index, newest first; a missing title is read from ``info``."""
+    refs = await _all(store, did, SETTINGS_SPACE, CONVERSATION_REF)
+    out = []
+    for ref in refs:
+        title = ref.value.get("title")
+        if title is None and ":" not in ref.key:
+            info = await store.get_record(did, ref.key, INFO, "self")
+            title = info.value.get("title") if info else None
+        out.append({"skey": ref.key, "title": title, "updatedAt": ref.value.get("updatedAt")})
+    out.sort(key=lambda c: (c["updatedAt"] or "", c["skey"]), reverse=True)
+    return out
+
+
+async def messages(store: RecordStore, did: str, skey: str) -> list[Record]:
+    """A conversation's messages in reading order: each user message, then its replies."""
+    found = await _all(store, did, skey, MESSAGE)
+    found.sort(key=lambda r: message_sort_key(r.key))
+    return found
+
+
 async def load(store: RecordStore, did: str, skey: str) -> Conversation:
     info = await store.get_record(did, skey, INFO, "self")
     preferences = await store.get_record(did, SETTINGS_SPACE, PREFERENCES, "self")
-    messages: dict[str, dict[str, Any]] = {}
-    cursor: str | None = None
-    while True:
-        page, cursor = await store.list_records(did, skey, MESSAGE, cursor=cursor, limit=100)
-        for record in page:
-            messages[record.key] = record.value
-        if cursor is None or not page:
-            break
+    by_key = {r.key: r.value for r in await _all(store, did, skey, MESSAGE)}
     return Conversation(
-        info.value if info else None, preferences.value if preferences else None, messages
+        info.value if info else None, preferences.value if preferences else None, by_key
     )
 
 

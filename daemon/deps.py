@@ -1,0 +1,81 @@
+"""The /api routes' FastAPI dependencies: the service, the caller's account, a conversation.
+
+A conversation is looked up under the caller's DID only, so somebody else's
+conversation is indistinguishable from a missing one (404).
+"""
+
+# No "from __future__ import annotations": FastAPI reads these annotations at runtime.
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+
+import recordstore
+from daemon.auth import bearer_token
+from recordstore import keys
+
+__all__ = [
+    "AccountDep",
+    "ConversationAt",
+    "ConversationDep",
+    "ConversationKey",
+    "ConversationKeyDep",
+    "ServiceDep",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationAt:
+    did: str
+    skey: str
+    info: recordstore.Record
+
+
+def _service(request: Request) -> Any:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[Any, Depends(_service)]
+
+
+async def _account(request: Request, service: ServiceDep) -> Any:
+    token = bearer_token(request)
+    found = service.account_for_token(token) if token else None
+    if found is None or not found.did:
+        raise HTTPException(
+            401,
+            "a valid 'Authorization: Bearer <token>' is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return found
+
+
+AccountDep = Annotated[Any, Depends(_account)]
+
+
+async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> ConversationAt:
+    keys.validate_space_key(skey)
+    info = await service.store.get_record(acct.did, skey, recordstore.INFO, "self")
+    if info is None:
+        raise HTTPException(404, f"no conversation {skey}")
+    return ConversationAt(acct.did, skey, info)
+
+
+ConversationDep = Annotated[ConversationAt, Depends(_conversation)]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationKey:
+    did: str
+    skey: str
+
+
+async def _conversation_key(skey: str, acct: AccountDep) -> ConversationKey:
+    # For routes whose engine call reads the conversation anyway (and raises
+    # RecordNotFound -> 404 for a missing or foreign one): one read less per message.
+    keys.validate_space_key(skey)
+    return ConversationKey(acct.did, skey)
+
+
+ConversationKeyDep = Annotated[ConversationKey, Depends(_conversation_key)]
