@@ -35,7 +35,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MESSAGE = "network.sharedcomputer.chat.message"
@@ -131,11 +132,6 @@ if (role === 'plc') {
 }
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def now_iso() -> str:
@@ -271,7 +267,7 @@ class Bench:
     # -- set-up ------------------------------------------------------------------------------
 
     def start_pds(self) -> None:
-        from tests.pdsfixture import install
+        from testbed.pds import install
 
         t0 = time.monotonic()
         install_dir = install()
@@ -315,7 +311,7 @@ class Bench:
             self.app_password = r.json()["password"]
 
     def start_model(self) -> None:
-        from tests.fakemodel import FakeModel, Reply
+        from testbed.fakemodel import FakeModel, Reply
 
         def respond(request: dict[str, Any]) -> Any:
             content = request["messages"][-1]["content"]

@@ -12,7 +12,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,16 +24,12 @@ from typing import Any
 import httpx
 
 from daemon.config import local_did
+from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLE = "bench.test"
 DID = local_did(HANDLE)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_bytes(pid: int) -> int:
@@ -66,7 +61,7 @@ def _stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
 
 @dataclass
 class FakeModelProc:
-    """``python -m tests.fakemodel`` in its own process."""
+    """``python -m testbed.fakemodel`` in its own process."""
 
     tokens: int = 200
     ttft_ms: float = 20.0
@@ -76,7 +71,7 @@ class FakeModelProc:
 
     def __enter__(self) -> FakeModelProc:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakemodel", "--port", "0",
+            [sys.executable, "-m", "testbed.fakemodel", "--port", "0",
              "--tokens", str(self.tokens), "--ttft-ms", str(self.ttft_ms),
              "--chunk-delay-ms", str(self.chunk_delay_ms), "--no-record"],
             stdout=subprocess.PIPE, text=True, cwd=ROOT,

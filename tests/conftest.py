@@ -1,4 +1,4 @@
-pytest_plugins = ["tests.pdsfixture", "tests.fakemodel"]
+pytest_plugins = ["tests.support.fixtures"]
 
 import pytest  # noqa: E402
 

@@ -24,17 +24,13 @@ import anyio
 import httpx
 import pytest
 
-from tests.fakemodel import FakeModel, Reply
+from testbed.fakemodel import FakeModel, Reply
+from testbed.ports import free_port
 
 TURND = str(Path(sys.executable).parent / "turnd")
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 MESSAGE = "network.sharedcomputer.chat.message"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -410,7 +406,7 @@ async def test_a_direct_write_is_answered_and_the_feed_cursor_saved(tmp_path: Pa
     from recordstore import CONVERSATION, INFO
     from recordstore.keys import new_tid
     from recordstore.local import LocalStore
-    from tests.daemon_fixtures import running_daemon
+    from tests.support.daemon import running_daemon
     from turns.state import StateDB
 
     alice = local_did("alice.test")

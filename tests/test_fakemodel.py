@@ -14,11 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests import fakemodel
-from tests.fakemodel import FakeModel, Reply, ToolCall
+from testbed.fakemodel import FakeModel, Reply, ToolCall
 
-# The fixture under test (tests/conftest.py may also register it as a plugin).
-fake_model = fakemodel.fake_model
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,7 +292,7 @@ def test_sync_use_and_keep_alive() -> None:
 
 def test_cli_serves_default_reply() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakemodel", "--port", "0", "--tokens", "5",
+        [sys.executable, "-m", "testbed.fakemodel", "--port", "0", "--tokens", "5",
          "--ttft-ms", "20", "--chunk-delay-ms", "1"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -27,19 +27,16 @@ from hypothesis import HealthCheck, given, settings
 from recordstore import InvalidRecord
 from recordstore.lexicon import validate_record
 from recordstore.local import DB_NAME
-from tests.fakemodel import FakeModel
-from tests.reliability_kit import (
+from testbed.fakemodel import FakeModel
+from tests.support.records import MESSAGE, TEXT, now_iso, user_message
+from tests.support.reliability import (
     ALICE,
     ALICE_PASSWORD,
     ALICE_TOKEN,
     BOB,
     BOB_PASSWORD,
     BOB_TOKEN,
-    MESSAGE,
-    TEXT,
     Turnd,
-    now_iso,
-    user_message,
     wait_until,
 )
 

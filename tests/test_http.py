@@ -8,15 +8,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.daemon_fixtures import (
-    ALICE,
-    BOB_TOKEN,
-    MESSAGE,
-    running_daemon,
-    sse_events,
-    text_part,
-)
-from tests.fakemodel import FakeModel, Reply
+from testbed.fakemodel import FakeModel, Reply
+from tests.support.daemon import ALICE, BOB_TOKEN, running_daemon
+from tests.support.records import MESSAGE, text_part
+from tests.support.sse import read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +77,7 @@ async def test_cancel(tmp_path: Path, fake_model: FakeModel) -> None:
         stream = f"/api/conversations/{skey}/messages/{posted['replyKey']}/stream"
         with anyio.fail_after(5):
             async with dm.http.stream("GET", stream) as r:
-                head = await sse_events(r, limit=2)  # part-start, then the first delta
+                head = await read_events(r, limit=2)  # part-start, then the first delta
         assert head[-1]["event"] == "delta"
         r = await dm.http.post(url)
         assert r.status_code == 200 and r.json() == {"cancelled": True}

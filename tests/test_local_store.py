@@ -29,7 +29,7 @@ from recordstore import (
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import DB_NAME, LocalStore
-from tests.strategies import valid_messages
+from tests.support.strategies import valid_messages
 
 pytestmark = pytest.mark.anyio
 

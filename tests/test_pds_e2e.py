@@ -1,6 +1,6 @@
 """End to end on both backends: real ``turnd serve`` processes, direct writes with the
 stock ``atproto`` SDK, and a fake model server, on a local store and on an account of the
-reference PDS (``tests/pdsfixture.py``).
+reference PDS (``testbed/pds.py``, fixtures in ``tests/support/fixtures.py``).
 
 Each test is parametrized over the backend (the ``pds`` cases carry the ``pds`` marker):
 
@@ -40,20 +40,15 @@ from recordstore.cid import record_cid
 from recordstore.keys import new_tid, parse_reply_key
 from recordstore.lexicon import validate_record
 from recordstore.local import DB_NAME
-from tests.fakemodel import FakeModel, Reply
-from tests.pdsfixture import PdsServer
-from tests.reliability_kit import (
+from testbed.fakemodel import FakeModel, Reply
+from testbed.pds import PdsServer
+from tests.support.records import INFO, MESSAGE, TEXT, now_iso, reply_text, user_message
+from tests.support.reliability import (
     ALICE,
     ALICE_PASSWORD,
     ALICE_TOKEN,
-    INFO,
-    MESSAGE,
-    TEXT,
     FakeProc,
     Turnd,
-    now_iso,
-    reply_text,
-    user_message,
     wait_until,
 )
 

@@ -11,7 +11,7 @@ from atproto import Client
 from atproto_client.exceptions import RequestException
 
 from recordstore import MESSAGE
-from tests.pdsfixture import Account, PdsServer
+from testbed.pds import Account, PdsServer
 
 pytestmark = pytest.mark.pds
 

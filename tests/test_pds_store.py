@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +28,8 @@ from recordstore.cid import record_cid
 from recordstore.firehose import decode_cursor
 from recordstore.keys import new_tid
 from recordstore.pds import PdsAccount, PdsStore
-from tests.pdsfixture import Account, PdsServer
+from testbed.pds import Account, PdsServer
+from testbed.ports import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pds]
 
@@ -369,17 +369,12 @@ async def test_feed_reports_invalid_records_written_directly(
     assert bad.error and "content" in bad.error
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 async def test_an_unreachable_pds_stops_no_other_account(
     pds: PdsServer, pds_account: Account, did: str
 ) -> None:
     down = PdsAccount(
-        identifier="ghost.test", password="x", service=f"http://localhost:{_closed_port()}"
+        identifier="ghost.test", password="x", service=f"http://localhost:{free_port()}"
     )
     async with await PdsStore.open(
         [down, account_of(pds, pds_account)], sweep_interval=0.5

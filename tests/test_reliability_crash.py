@@ -34,16 +34,9 @@ from httpx_sse import connect_sse
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import DB_NAME, LocalStore
-from tests.fakemodel import FakeModel, Reply
-from tests.reliability_kit import (
-    ALICE,
-    MESSAGE,
-    ROOT,
-    TEXT,
-    Turnd,
-    reply_text,
-    wait_until,
-)
+from testbed.fakemodel import FakeModel, Reply
+from tests.support.records import MESSAGE, TEXT, reply_text
+from tests.support.reliability import ALICE, ROOT, Turnd, wait_until
 
 pytestmark = pytest.mark.reliability
 
@@ -240,7 +233,7 @@ async def test_kill_writer_mid_write_many_times(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow)
             zygote = subprocess.Popen(  # noqa: ASYNC220 - its pipes are read in threads
-                [sys.executable, "-m", "tests.reliability_kit", "writer", "--data", str(data),
+                [sys.executable, "-m", "tests.support.reliability", "writer", "--data", str(data),
                  "--space", skey],
                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True,

@@ -11,7 +11,6 @@ the daemon's output, not in the SSE streams, not in ``/metrics``.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakemodel import FakeModel, Reply
-from tests.reliability_kit import API_KEY, TEXT, Turnd, free_port, reply_text
+from testbed.fakemodel import FakeModel, Reply
+from testbed.ports import free_port
+from tests.support.records import TEXT, reply_text
+from tests.support.reliability import API_KEY, Turnd
+from tests.support.sse import parse_events
 
 pytestmark = pytest.mark.reliability
 
@@ -72,25 +74,11 @@ def _faults() -> list[Fault]:
 
 
 def _sse(api: httpx.Client, skey: str, reply: str) -> tuple[str, list[dict[str, Any]]]:
-    """The raw stream and its events, read to the end."""
-    raw: list[str] = []
-    events: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
+    """The raw stream (searched for the key) and its events, read to the end."""
     with api.stream("GET", f"/api/conversations/{skey}/messages/{reply}/stream") as r:
         assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            raw.append(line)
-            if not line:
-                if current:
-                    events.append(current)
-                current = {}
-            elif line.startswith("id:"):
-                current["id"] = int(line[3:])
-            elif line.startswith("event:"):
-                current["event"] = line[6:].strip()
-            elif line.startswith("data:"):
-                current["data"] = json.loads(line[5:])
-    return "\n".join(raw), events
+        raw = r.read().decode()
+    return raw, parse_events(raw)
 
 
 def _wait_final(api: httpx.Client, skey: str, reply: str, timeout: float = 30) -> dict[str, Any]:

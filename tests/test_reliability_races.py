@@ -24,15 +24,8 @@ import pytest
 from recordstore import InvalidSwap
 from recordstore.keys import new_tid, parse_reply_key
 from recordstore.local import LocalStore
-from tests.reliability_kit import (
-    ALICE,
-    ALICE_PASSWORD,
-    MESSAGE,
-    TEXT,
-    FakeProc,
-    Turnd,
-    user_message,
-)
+from tests.support.records import MESSAGE, TEXT, user_message
+from tests.support.reliability import ALICE, ALICE_PASSWORD, FakeProc, Turnd
 
 pytestmark = [pytest.mark.reliability, pytest.mark.anyio]
 

@@ -12,7 +12,6 @@ another.
 
 from __future__ import annotations
 
-import json
 import socket
 import statistics
 from pathlib import Path
@@ -21,27 +20,26 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from httpx_sse import aconnect_sse
 
-from tests.reliability_kit import ALICE_TOKEN, TEXT, FakeProc, Turnd, reply_text, wait_until
+from tests.support.records import TEXT, reply_text
+from tests.support.reliability import ALICE_TOKEN, FakeProc, Turnd, wait_until
+from tests.support.sse import read_events
 
 pytestmark = [pytest.mark.reliability, pytest.mark.anyio]
 
 
 async def _subscribe(http: httpx.AsyncClient, skey: str, reply: str) -> list[dict[str, Any]]:
     url = f"/api/conversations/{skey}/messages/{reply}/stream"
-    async with aconnect_sse(http, "GET", url) as source:
-        assert source.response.status_code == 200
-        return [
-            {"id": int(e.id), "event": e.event, "data": e.data} async for e in source.aiter_sse()
-        ]
+    async with http.stream("GET", url) as response:
+        assert response.status_code == 200
+        return await read_events(response)
 
 
 def _check_events(events: list[dict[str, Any]], stored: dict[str, Any]) -> None:
     assert [e["id"] for e in events] == list(range(1, len(events) + 1))
     assert events[-1]["event"] == "status"
-    assert json.loads(events[-1]["data"])["status"] == stored["status"] == "complete"
-    text = "".join(json.loads(e["data"])["text"] for e in events if e["event"] == "delta")
+    assert events[-1]["data"]["status"] == stored["status"] == "complete"
+    text = "".join(e["data"]["text"] for e in events if e["event"] == "delta")
     assert text == reply_text(stored)
 
 

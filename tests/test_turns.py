@@ -17,8 +17,9 @@ import pytest
 from plugins import AFTER_MODEL, BEFORE_MODEL, TURN_AFTER, Plugin, PluginSet, Tool
 from recordstore import MESSAGE, PREFERENCES, SETTINGS, SETTINGS_SPACE, Change
 from recordstore.keys import new_tid
-from tests.fakemodel import FakeModel, Reply, ToolCall
-from tests.turnkit import API_KEY, DID, OTHER_DID, text_part, turn_kit, user_message
+from testbed.fakemodel import FakeModel, Reply, ToolCall
+from tests.support.records import text_part
+from tests.support.turnkit import API_KEY, DID, OTHER_DID, turn_kit, user_message
 from turns.settings import TurnSettings
 
 pytestmark = pytest.mark.anyio

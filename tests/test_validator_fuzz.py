@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from recordstore import CONVERSATION_REF, INFO, PREFERENCES, InvalidRecord
 from recordstore.lexicon import validate_record
-from tests.strategies import DEFS, MESSAGE, valid_messages
+from tests.support.strategies import DEFS, MESSAGE, valid_messages
 
 COLLECTIONS = [MESSAGE, INFO, PREFERENCES, CONVERSATION_REF, "com.example.other"]
 

@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from recordstore.keys import new_tid
-from tests.fakemodel import FakeModel, Reply, ToolCall
-from tests.test_cli import TURND, clean_env, free_port, wait_healthy
+from testbed.fakemodel import FakeModel, Reply, ToolCall
+from testbed.ports import free_port
+from tests.test_cli import TURND, clean_env, wait_healthy
 
 pytestmark = pytest.mark.browser
 

@@ -14,17 +14,9 @@ from atproto_client.exceptions import BadRequestError, UnauthorizedError
 from daemon import xrpc
 from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, SessionTokens, load_secret
 from recordstore.keys import new_tid
-from tests.daemon_fixtures import (
-    ALICE,
-    ALICE_PASSWORD,
-    BOB,
-    INFO,
-    MESSAGE,
-    Daemon,
-    running_daemon,
-    text_part,
-)
-from tests.fakemodel import FakeModel
+from testbed.fakemodel import FakeModel
+from tests.support.daemon import ALICE, ALICE_PASSWORD, BOB, Daemon, running_daemon
+from tests.support.records import INFO, MESSAGE, text_part
 
 pytestmark = pytest.mark.anyio
 

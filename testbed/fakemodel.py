@@ -24,9 +24,9 @@ Usage::
         fake.push(Reply.text(["Hel", "lo"]))
         client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="sk-test")
 
-or the ``fake_model`` pytest fixture, or as a process for benchmarks::
+or the ``fake_model`` pytest fixture (``tests/support/fixtures.py``), or as a process for benchmarks::
 
-    python -m tests.fakemodel --port 0 --tokens 50 --chunk-delay-ms 0 --ttft-ms 20
+    python -m testbed.fakemodel --port 0 --tokens 50 --chunk-delay-ms 0 --ttft-ms 20
 """
 
 from __future__ import annotations
@@ -48,16 +48,11 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import h11
-
-try:  # pytest is a test extra; the CLI (benchmarks) must run without it.
-    import pytest
-except ImportError:  # pragma: no cover
-    pytest = None  # type: ignore[assignment]
 
 __all__ = [
     "FakeModel",
@@ -66,7 +61,6 @@ __all__ = [
     "Responder",
     "ToolCall",
     "Usage",
-    "fake_model",
     "main",
     "measure_throughput",
 ]
@@ -913,18 +907,6 @@ class FakeModel:
         await writer.drain()
 
 
-# --------------------------------------------------------------------------- pytest
-
-
-if pytest is not None:
-
-    @pytest.fixture
-    def fake_model() -> Iterator[FakeModel]:
-        """A started :class:`FakeModel`, stopped after the test."""
-        with FakeModel() as fake:
-            yield fake
-
-
 # --------------------------------------------------------------------------- throughput
 
 
@@ -948,7 +930,7 @@ def measure_throughput(
     import openai
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakemodel", "--port", "0", "--tokens", str(tokens),
+        [sys.executable, "-m", "testbed.fakemodel", "--port", "0", "--tokens", str(tokens),
          "--ttft-ms", str(ttft_ms), "--chunk-delay-ms", str(chunk_delay_ms), "--no-record"],
         stdout=subprocess.PIPE, text=True,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -1015,7 +997,7 @@ def measure_throughput(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m tests.fakemodel",
+        prog="python -m testbed.fakemodel",
         description="A fake OpenAI-compatible model server (prints one JSON ready line).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)

@@ -1,11 +1,11 @@
-"""The reference PDS for the ``pds`` tests: install, start once per session, make accounts.
+"""The reference PDS for the ``pds`` tests and benchmarks: install, start, make accounts.
 
 ``tests/pds/install.sh`` puts ``@atproto/pds``, an in-memory PLC and Node 22 in a cache
 outside the checkout (reused when present); ``tests/pds/start.mjs`` runs them on loopback
-and prints one JSON ready line. The ``pds`` fixture below does both, once per session, and
-the ``pds_account`` fixture gives each test a fresh account on it.
+and prints one JSON ready line. The ``pds`` fixture (``tests/support/fixtures.py``) does
+both, once per test session (per xdist worker), and ``pds_account`` gives each test a
+fresh account on it.
 
-Set ``TURND_SKIP_PDS=1`` to skip these tests instead (the only case in which they skip);
 ``TURND_PDS_LOG=1`` lets the PDS log to this process's stderr.
 """
 
@@ -19,15 +19,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
-import pytest
 
-PDS_DIR = Path(__file__).resolve().parent / "pds"
+PDS_DIR = Path(__file__).resolve().parent.parent / "tests" / "pds"
 READY_TIMEOUT = 60.0  # seconds; it is ready in about 3 s, but a cold disk cache is slower
 INSTALL_TIMEOUT = 900.0
 
@@ -191,22 +189,3 @@ class PdsServer:
             app_password=app["password"],
             email=email,
         )
-
-
-@pytest.fixture(scope="session")
-def pds() -> Iterator[PdsServer]:
-    """The reference PDS, started once per test session."""
-    if os.environ.get("TURND_SKIP_PDS") == "1":
-        pytest.skip("TURND_SKIP_PDS=1: the reference-PDS tests are switched off")
-    server = PdsServer(install())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def pds_account(pds: PdsServer) -> Account:
-    """A fresh account on the session's PDS."""
-    return pds.create_account()

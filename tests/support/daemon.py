@@ -8,7 +8,6 @@ at it. Two accounts: alice and bob, each with a password and an /api token.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ import httpx
 
 from daemon.config import build_config, local_did
 from daemon.service import Service
-from tests.fakemodel import FakeModel
+from testbed.fakemodel import FakeModel
+from tests.support.records import MESSAGE, text_part
 
 ALICE_TOKEN = "alice-api-token-0123456789"
 BOB_TOKEN = "bob-api-token-0123456789"
@@ -29,9 +29,6 @@ ALICE_PASSWORD = "alice-password-xyz"
 BOB_PASSWORD = "bob-password-xyz"
 ALICE = local_did("alice.test")
 BOB = local_did("bob.test")
-TEXT = "network.sharedcomputer.chat.defs#textPart"
-MESSAGE = "network.sharedcomputer.chat.message"
-INFO = "network.sharedcomputer.chat.info"
 
 _ENV = {
     "T_ALICE_PASSWORD": ALICE_PASSWORD,
@@ -40,10 +37,6 @@ _ENV = {
     "T_BOB_TOKEN": BOB_TOKEN,
     "T_FAKE_KEY": "sk-test-fake",
 }
-
-
-def text_part(text: str) -> dict[str, Any]:
-    return {"$type": TEXT, "text": text}
 
 
 @dataclass
@@ -149,34 +142,3 @@ async def running_daemon(
                 tg.cancel_scope.cancel()
             else:
                 service.request_stop()
-
-
-async def sse_events(response: httpx.Response, *, limit: int | None = None) -> list[dict[str, Any]]:
-    """Parse ``text/event-stream`` lines as a browser does, until the stream ends.
-
-    Each event is ``{"id", "event", "data"}`` with ``data`` decoded from JSON; comment
-    lines are collected as ``{"comment": ...}``. Stops after ``limit`` events.
-    """
-    events: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line == "":
-            if data or current:
-                if data:
-                    current["data"] = json.loads("\n".join(data))
-                events.append(current)
-                current, data = {}, []
-                if limit is not None and sum(1 for e in events if "comment" not in e) >= limit:
-                    break
-            continue
-        if line.startswith(":"):
-            events.append({"comment": line[1:].strip()})
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            data.append(value)
-        elif name in ("id", "event", "retry"):
-            current[name] = value
-    return [e for e in events if e]

@@ -14,7 +14,8 @@ import anyio
 from plugins import PluginSet
 from recordstore import CONVERSATION, MESSAGE, RecordStore
 from recordstore.local import LocalStore
-from tests.fakemodel import FakeModel
+from testbed.fakemodel import FakeModel
+from tests.support import records
 from turns.engine import TurnEngine
 from turns.settings import Provider, TurnSettings
 from turns.state import StateDB
@@ -22,11 +23,6 @@ from turns.state import StateDB
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 DID = "did:plc:aliceaaaaaaaaaaaaaaaaaaa"
 OTHER_DID = "did:plc:bobbbbbbbbbbbbbbbbbbbbbb"
-TEXT = "network.sharedcomputer.chat.defs#textPart"
-
-
-def text_part(text: str) -> dict[str, Any]:
-    return {"$type": TEXT, "text": text}
 
 
 @dataclass
@@ -113,14 +109,8 @@ async def user_message(
     store: RecordStore, skey: str, key: str, text: str, *, did: str = DID, **fields: Any
 ) -> None:
     """A direct write of a user message, as a stock atproto client would make it."""
-    from recordstore.times import now_iso
-
-    value = {
-        "$type": MESSAGE,
-        "role": "user",
-        "content": {"$type": "network.sharedcomputer.chat.defs#plainContent", "parts": [text_part(text)]},
-        "createdAt": fields.pop("createdAt", None) or now_iso(),
-        **fields,
-    }
+    value = records.user_message(
+        text, attempt=None, created_at=fields.pop("createdAt", None), **fields
+    )
     await store.create_space(did, CONVERSATION, skey)
     await store.create_record(did, skey, MESSAGE, key, value)

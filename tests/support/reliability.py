@@ -3,10 +3,10 @@
 - :class:`Turnd` runs ``turnd serve --config ... --log-format json`` as a subprocess
   with its own config, state file and port, stdout/stderr captured to files;
 - :class:`FakeProc` runs the fake model server in its own process (``python -m
-  tests.reliability_kit fake``), appending one JSON line per chat request (the text of
+  tests.support.reliability fake``), appending one JSON line per chat request (the text of
   the request's last user message) to a log file, so the tests count generations at
   the model;
-- ``python -m tests.reliability_kit writer`` hammers a local store with creates, puts
+- ``python -m tests.support.reliability writer`` hammers a local store with creates, puts
   and deletes until it is killed (the crash tests ``kill -9`` it).
 """
 
@@ -19,7 +19,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,13 +30,11 @@ from typing import Any
 import httpx
 
 from daemon.config import local_did
+from testbed.ports import free_port
+from tests.support.records import MESSAGE, user_message
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TURND = str(Path(sys.executable).parent / "turnd")
-TEXT = "network.sharedcomputer.chat.defs#textPart"
-PLAIN = "network.sharedcomputer.chat.defs#plainContent"
-MESSAGE = "network.sharedcomputer.chat.message"
-INFO = "network.sharedcomputer.chat.info"
 ALICE_TOKEN = "alice-api-token-rel-0123456789"
 BOB_TOKEN = "bob-api-token-rel-0123456789"
 ALICE_PASSWORD = "alice-password-rel-xyz"
@@ -47,37 +44,6 @@ BOB = local_did("bob.test")
 # Not shaped like an OpenAI key, so only the configured-secret redaction can hide it.
 API_KEY = "key-SeCrEt-7f3a9b2c4d5e6f708192a3b4"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def now_iso(offset_seconds: float = 0) -> str:
-    from datetime import UTC, datetime, timedelta
-
-    t = datetime.now(UTC) + timedelta(seconds=offset_seconds)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def user_message(text: str, *, attempt: int | None = 0, parent: str | None = None) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "$type": MESSAGE,
-        "role": "user",
-        "content": {"$type": PLAIN, "parts": [{"$type": TEXT, "text": text}]},
-        "createdAt": now_iso(),
-    }
-    if attempt is not None:
-        value["generation"] = {"attempt": attempt}
-    if parent is not None:
-        value["parent"] = parent
-    return value
-
-
-def reply_text(value: dict[str, Any]) -> str:
-    parts = (value.get("content") or {}).get("parts") or []
-    return "".join(p.get("text", "") for p in parts if p.get("$type", "").endswith("#textPart"))
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -287,7 +253,7 @@ class FakeProc:
         self.log.touch()
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "tests.reliability_kit", "fake", "--log", str(self.log),
+                sys.executable, "-m", "tests.support.reliability", "fake", "--log", str(self.log),
                 "--tokens", str(tokens), "--chunk-delay-ms", str(chunk_delay_ms),
                 "--ttft-ms", str(ttft_ms), "--word", word,
             ],
@@ -343,7 +309,7 @@ def _last_user_text(request: dict[str, Any]) -> str:
 
 
 def _fake_main(args: argparse.Namespace) -> int:
-    from tests.fakemodel import FakeModel, Reply
+    from testbed.fakemodel import FakeModel, Reply
 
     log = open(args.log, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
 
@@ -421,7 +387,7 @@ def _writer_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.reliability_kit")
+    p = argparse.ArgumentParser(prog="python -m tests.support.reliability")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fake")
     f.add_argument("--log", required=True)

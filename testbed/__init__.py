@@ -1,0 +1,11 @@
+"""Real parts on loopback that both the tests and the benchmarks start.
+
+- ``testbed.fakemodel``: a fake OpenAI-compatible model server (real HTTP, real SSE);
+  ``python -m testbed.fakemodel`` runs it as a process;
+- ``testbed.pds``: installs and starts the reference ``@atproto/pds`` (``tests/pds/``);
+- ``testbed.ports``: a free loopback port.
+
+It is not part of the installed ``turnd`` package and imports nothing from ``tests`` (the
+pytest fixtures that wrap these live in ``tests/support/fixtures.py``), so ``bench/`` can
+use it without pytest.
+"""
