@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from daemon.hosts import OwnNames
-from tests.daemon_fixtures import ALICE, ALICE_TOKEN, BOB_TOKEN, MESSAGE, running_daemon
-from tests.fakemodel import FakeModel
+from testbed.fakemodel import FakeModel
+from tests.support.daemon import ALICE, ALICE_TOKEN, BOB_TOKEN, running_daemon
+from tests.support.records import MESSAGE
 
 pytestmark = pytest.mark.anyio
 
