@@ -118,11 +118,28 @@ class ModelsTable(_Table):
     default: str | None = None
 
 
+class ModelTable(_Table):
+    """``[providers.X.model."ID"]``: what turnd knows of one model."""
+
+    context: int | None = Field(default=None, gt=0)  # tokens (SPEC §15)
+
+
 class ProviderTable(_Table):
     base_url: str
     api_key_env: str | None = None
     models: list[str] = Field(default_factory=list)
     label: str | None = None
+    context: int | None = Field(default=None, gt=0)  # every model's, unless its own says
+    model: dict[str, ModelTable] = Field(default_factory=dict)
+
+
+class PresetTable(_Table):
+    """``[presets.NAME]`` (SPEC §15): a starting point for a new conversation."""
+
+    title: str | None = Field(default=None, max_length=3000)
+    systemPrompt: str | None = Field(default=None, max_length=100_000)  # noqa: N815
+    model: str | None = None  # "provider:id"
+    template: str | None = Field(default=None, max_length=100_000)
 
 
 class AccountTable(_Table):
@@ -150,6 +167,7 @@ class FileModel(_Table):
     providers: dict[str, ProviderTable] = Field(default_factory=dict)
     accounts: dict[str, AccountTable] = Field(default_factory=dict)
     plugins: PluginsTable = Field(default_factory=PluginsTable)
+    presets: dict[str, PresetTable] = Field(default_factory=dict)
 
 
 # -- the result --------------------------------------------------------------------------
@@ -190,6 +208,8 @@ class Config:
     accounts: list[Account]
     plugins: list[str]
     turns: TurnSettings
+    # name -> {title?, systemPrompt?, model?, template?} (SPEC §15), in file order.
+    presets: dict[str, dict[str, str]] = field(default_factory=dict)
     # True when the accounts came from the generated first-start credentials file.
     generated_account: bool = False
     # Set by load_config: rereads [turns] when the file changes (at most one stat a second).
@@ -275,8 +295,10 @@ def _env_list(raw: str) -> list[str]:
 
 def _turns_value(key: str, raw: str) -> Any:
     """Env strings -> the TOML type the [turns] key takes, so from_toml checks them alike."""
-    if key in ("systemPrompt", "appName"):
+    if key in ("systemPrompt", "appName", "summaryModel", "titleModel"):
         return raw
+    if raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
     try:
         return int(raw)
     except ValueError:
@@ -296,6 +318,13 @@ _TURNS_KEYS = (
     "retries",
     "systemPrompt",
     "appName",
+    "replyReserveTokens",
+    "summarize",
+    "summaryModel",
+    "titleModel",
+    "imageMaxPixels",
+    "fileTextMaxBytes",
+    "maxAttachmentBytes",
 )
 
 
@@ -550,6 +579,10 @@ def build_config(
             api_key=_secret(f"providers.{name}.api_key_env", table.api_key_env, env),
             models=tuple(table.models),
             label=table.label,
+            context=table.context,
+            model_context={
+                mid: m.context for mid, m in table.model.items() if m.context is not None
+            },
         )
 
     default_model = parsed.models.default or f"{ECHO}:{ECHO_MODEL}"
@@ -559,6 +592,15 @@ def build_config(
     if provider_name not in providers:
         known = ", ".join(sorted(providers))
         raise ConfigError(f"models.default: unknown provider {provider_name!r} (known: {known})")
+
+    for key, ref in (("turns.summaryModel", turns.summary_model), ("turns.titleModel", turns.title_model)):
+        if ref:
+            _check_model_ref(key, ref, providers)
+    presets: dict[str, dict[str, str]] = {}
+    for name, preset in parsed.presets.items():
+        if preset.model:
+            _check_model_ref(f"presets.{name}.model", preset.model, providers)
+        presets[name] = preset.model_dump(exclude_none=True)
 
     accounts: list[Account] = []
     for name, table in parsed.accounts.items():
@@ -610,6 +652,7 @@ def build_config(
         accounts=accounts,
         plugins=list(parsed.plugins.enabled),
         turns=turns,
+        presets=presets,
         generated_account=generated,
         allowed_hosts=list(parsed.http.allowed_hosts),
         header_timeout=parsed.http.header_timeout,
@@ -618,6 +661,15 @@ def build_config(
     )
     config.settings = SettingsReloader(path, turns, env)
     return config
+
+
+def _check_model_ref(key: str, ref: str, providers: Mapping[str, Provider]) -> None:
+    provider_name, sep, model_id = ref.partition(":")
+    if not sep or not provider_name or not model_id:
+        raise ConfigError(f'{key}: expected "provider:id", got {ref!r}')
+    if provider_name not in providers:
+        known = ", ".join(sorted(providers))
+        raise ConfigError(f"{key}: unknown provider {provider_name!r} (known: {known})")
 
 
 class SettingsReloader:

@@ -33,6 +33,7 @@ __all__ = [
     "INFO",
     "PREFERENCES",
     "CONVERSATION_REF",
+    "SUMMARY",
 ]
 
 NSID = "network.sharedcomputer.chat"
@@ -43,6 +44,7 @@ MESSAGE = f"{NSID}.message"
 INFO = f"{NSID}.info"
 PREFERENCES = f"{NSID}.preferences"
 CONVERSATION_REF = f"{NSID}.conversationRef"
+SUMMARY = f"{NSID}.summary"  # in a conversation, at the key of the last message it covers
 
 Op = Literal["create", "update", "delete"]
 

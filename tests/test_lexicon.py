@@ -18,6 +18,7 @@ from recordstore import (
     MESSAGE,
     PREFERENCES,
     SETTINGS,
+    SUMMARY,
     InvalidRecord,
     lexicon,
 )
@@ -78,6 +79,7 @@ def test_every_document_is_lexicon_v1_named_after_its_file() -> None:
         "message.json",
         "preferences.json",
         "settings.json",
+        "summary.json",
     ]
     for doc in _docs():
         parsed = lexicon_parse(doc)
@@ -92,12 +94,13 @@ def test_record_documents_have_keys() -> None:
         INFO: "literal:self",
         PREFERENCES: "literal:self",
         CONVERSATION_REF: "tid",
+        SUMMARY: "any",
     }
 
 
 def test_space_documents_are_tokens_naming_their_collections() -> None:
     docs = {d["id"]: d for d in _docs()}
-    for space, held in ((CONVERSATION, (INFO, MESSAGE)), (SETTINGS, (PREFERENCES, CONVERSATION_REF))):
+    for space, held in ((CONVERSATION, (INFO, MESSAGE, SUMMARY)), (SETTINGS, (PREFERENCES, CONVERSATION_REF))):
         main = docs[space]["defs"]["main"]
         assert main["type"] == "token"
         for collection in held:
@@ -758,3 +761,16 @@ def test_broken_lexicons_fail_at_load() -> None:
         compile_test_lexicon({"x": {"type": "ref", "ref": "com.example.missing#thing"}})
     with pytest.raises(ValueError, match="unsupported string format"):
         compile_test_lexicon({"x": {"type": "string", "format": "colour"}})
+
+
+def test_a_summary_record_validates_and_needs_what_it_covers() -> None:
+    summary = {
+        "$type": SUMMARY,
+        "covers": "3n3kfmfreezal.r0",
+        "text": "They agreed on Tuesday.",
+        "model": {"provider": "fake", "id": "m"},
+        "createdAt": "2026-12-01T00:00:00.000Z",
+    }
+    validate_record(SUMMARY, summary)
+    refused_like(SUMMARY, {k: v for k, v in summary.items() if k != "covers"}, "covers")
+    refused_like(SUMMARY, {**summary, "text": "x" * 100_001}, "text")

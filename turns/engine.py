@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,6 +39,7 @@ from turns.ratelimit import RateLimiter
 from turns.settings import Provider, TurnSettings
 from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
+from turns.titles import Titles
 from turns.turn import Start, Turn, TurnAddress, TurnServices
 
 log = logging.getLogger("turnd.turns")
@@ -61,6 +64,7 @@ class TurnEngine:
         *,
         user_tools: Mapping[str, list[str]] | None = None,
         metrics: TurnMetrics | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
         self._store = store
         self._state = state
@@ -83,6 +87,10 @@ class TurnEngine:
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._services: TurnServices | None = None
+        self._cache_dir = cache_dir
+        self.titles = Titles(
+            store, self._clients, partial(conversations.touch_ref, store)
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -103,10 +111,13 @@ class TurnEngine:
                 limiter=self._limiter,
                 http=http,
                 running=self._running,
+                titles=self.titles,
+                cache_dir=self._cache_dir,
             )
             stack.push_async_callback(self._clients.aclose)
             self._clients.warm(self._settings().retries)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self.titles.attach(self._tg)
             self._stack = stack.pop_all()
         return self
 
@@ -127,6 +138,7 @@ class TurnEngine:
         stay in the state file for the next start.
         """
         self._accepting = False
+        self.titles.cancel_all()
         self._cancel_all(queued_only=True)
         with anyio.move_on_after(grace):
             await self._idle.wait()

@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -20,6 +21,7 @@ import jiter
 import openai
 
 from plugins.api import Tool, ToolContext
+from turns.context import ContextWindow, PromptTooLong, too_long
 from turns.parts import PartsBuilder
 from turns.settings import TurnSettings
 
@@ -33,6 +35,10 @@ MAX_ERROR = 500
 
 class TurnFailed(Exception):
     """The turn ends as ``error``; the message is already short and free of secrets."""
+
+
+class _TooLong(TurnFailed, PromptTooLong):
+    """A refusal the context window retries once (and a failure like any other)."""
 
 
 @dataclass
@@ -87,6 +93,7 @@ async def run_steps(
     parts: PartsBuilder,
     tool_context: ToolContext,
     usage: Usage,
+    window: ContextWindow | None = None,
 ) -> None:
     """Run steps until one makes no tool call or ``max_steps`` is reached.
 
@@ -106,7 +113,11 @@ async def run_steps(
     previous: list[tuple[str, str]] | None = None
     for _step in range(settings.max_steps):
         first_part = len(parts.parts)
-        calls = await _stream_step(client, {**base, "messages": messages}, parts, usage)
+        if window is None:
+            calls = await _stream_step(client, {**base, "messages": messages}, parts, usage)
+        else:  # the prompt fitted to the model's context (turns.context)
+            send = partial(_send_step, client, base, parts, usage)
+            calls = await window.step(send, messages, lambda: usage.input)
         parts.end_run()
         if not calls:
             return
@@ -139,6 +150,13 @@ async def run_steps(
             messages.append({"role": "tool", "tool_call_id": call.id, "content": part["output"]})
 
 
+async def _send_step(
+    client: openai.AsyncOpenAI, base: dict[str, Any], parts: PartsBuilder, usage: Usage,
+    messages: list[dict[str, Any]],
+) -> list[_Call]:
+    return await _stream_step(client, {**base, "messages": messages}, parts, usage)
+
+
 async def _stream_step(
     client: openai.AsyncOpenAI, body: dict[str, Any], parts: PartsBuilder, usage: Usage
 ) -> list[_Call]:
@@ -166,6 +184,8 @@ async def _stream_step(
                     if delta:
                         _apply_delta(delta, parts, calls)
     except openai.APIStatusError as exc:
+        if too_long(exc.status_code, exc.body):
+            raise _TooLong(f"the model provider answered {exc.status_code}: {_status_text(exc)}") from None
         raise TurnFailed(f"the model provider answered {exc.status_code}: {_status_text(exc)}") from None
     except openai.APITimeoutError:
         raise TurnFailed("the model provider did not answer in time") from None

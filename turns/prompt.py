@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from recordstore import RecordStore, StoreError
+from recordstore import RecordStore
+from turns.attachments import Attachments
 from turns.parts import FILE, IMAGE, REASONING, TEXT, TOOL_CALL, TOOL_RESULT
 from turns.settings import DEFAULT_SYSTEM_PROMPT, TurnSettings
 
@@ -62,22 +62,58 @@ def instructions(
 
 
 async def chat_messages(
-    store: RecordStore, did: str, chain: list[dict[str, Any]], system: str
+    store: RecordStore,
+    did: str,
+    chain: list[dict[str, Any]],
+    system: str,
+    attachments: Attachments | None = None,
 ) -> list[dict[str, Any]]:
     """OpenAI Chat Completions messages for the branch. Reasoning is not replayed."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    for value in chain:
-        parts = _plain_parts(value)
+    head, groups = await chat_groups(store, did, chain, system, attachments)
+    return [*head, *(m for _, messages in groups for m in messages)]
+
+
+async def chat_groups(
+    store: RecordStore,
+    did: str,
+    chain: list[dict[str, Any]],
+    system: str,
+    attachments: Attachments | None = None,
+) -> tuple[list[dict[str, Any]], list[tuple[int, list[dict[str, Any]]]]]:
+    """(instructions, [(index in ``chain``, the chat messages that record became)])."""
+    head: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    readable = [(i, value, _plain_parts(value)) for i, value in enumerate(chain)]
+    if attachments is None:
+        attachments = Attachments(store, did)
+    await attachments.prepare(
+        [
+            part
+            for _, value, parts in readable
+            if parts is not None and value.get("role") == "user"
+            for part in parts
+            if part.get("$type") in (IMAGE, FILE)
+        ]
+    )
+    groups: list[tuple[int, list[dict[str, Any]]]] = []
+    for i, value, parts in readable:
         if parts is None:
             continue
         role = value.get("role")
         if role == "user":
-            content = await _user_content(store, did, parts)
+            content = _user_content(parts, attachments)
             if content:
-                out.append({"role": "user", "content": content})
+                groups.append((i, [{"role": "user", "content": content}]))
         elif role == "assistant" and value.get("status") in ("complete", "cancelled"):
-            out.extend(_assistant_messages(parts))
-    return out
+            messages = _assistant_messages(parts)
+            if messages:
+                groups.append((i, messages))
+    return head, groups
+
+
+def branch_keys(chain: list[dict[str, Any]], user_key: str) -> list[str]:
+    """The key of each message of ``chain`` (each names its parent; the last is ours)."""
+    keys = [str(value.get("parent")) for value in chain[1:]]
+    return [*keys, user_key]
 
 
 def _plain_parts(value: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -88,48 +124,19 @@ def _plain_parts(value: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return [p for p in parts if isinstance(p, dict)] if isinstance(parts, list) else []
 
 
-async def _user_content(store: RecordStore, did: str, parts: list[dict[str, Any]]) -> Any:
+def _user_content(parts: list[dict[str, Any]], attachments: Attachments) -> Any:
     content: list[dict[str, Any]] = []
     for part in parts:
         kind = part.get("$type")
         if kind == TEXT and isinstance(part.get("text"), str):
             content.append({"type": "text", "text": part["text"]})
-        elif kind == IMAGE:
-            blob = part.get("image") or {}
-            data = await _blob(store, did, blob)
-            if data is None:
-                content.append({"type": "text", "text": "[an image that could not be loaded]"})
-            else:
-                url = f"data:{blob.get('mimeType', 'image/png')};base64,{base64.b64encode(data).decode()}"
-                content.append({"type": "image_url", "image_url": {"url": url}})
-        elif kind == FILE:
-            content.append({"type": "text", "text": await _file_text(store, did, part)})
+        elif kind in (IMAGE, FILE):
+            prepared = attachments.get(part)
+            if prepared is not None:
+                content.append(prepared)
     if len(content) == 1 and content[0]["type"] == "text":
         return content[0]["text"]
     return content
-
-
-async def _file_text(store: RecordStore, did: str, part: Mapping[str, Any]) -> str:
-    name = part.get("name") if isinstance(part.get("name"), str) else "attachment"
-    extracted = part.get("extracted")
-    text = None
-    if isinstance(extracted, dict) and isinstance(extracted.get("text"), dict):
-        data = await _blob(store, did, extracted["text"])
-        text = data.decode("utf-8", "replace") if data is not None else None
-    if text is None:
-        return f"File: {name}\n\n(no text could be extracted from this file)"
-    return f"File: {name}\n\n{text}"
-
-
-async def _blob(store: RecordStore, did: str, ref: Mapping[str, Any]) -> bytes | None:
-    link = ref.get("ref")
-    cid = link.get("$link") if isinstance(link, dict) else None
-    if not isinstance(cid, str):
-        return None
-    try:
-        return await store.get_blob(did, cid)
-    except StoreError:
-        return None
 
 
 def _assistant_messages(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:

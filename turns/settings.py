@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,6 +23,14 @@ _TOML_KEYS = {
     "retries": "retries",
     "systemPrompt": "system_prompt",
     "appName": "app_name",
+    # SPEC §15 (conversations that last) and §12's attachment bound.
+    "replyReserveTokens": "reply_reserve_tokens",
+    "summarize": "summarize",
+    "summaryModel": "summary_model",
+    "titleModel": "title_model",
+    "imageMaxPixels": "image_max_pixels",
+    "fileTextMaxBytes": "file_text_max_bytes",
+    "maxAttachmentBytes": "max_attachment_bytes",
 }
 
 
@@ -37,6 +46,13 @@ class TurnSettings:
     # None: the built-in base prompt; "": no base prompt at all.
     system_prompt: str | None = None
     app_name: str = "turnd"
+    reply_reserve_tokens: int = 4096
+    summarize: bool = False
+    summary_model: str | None = None  # "provider:id"; None: the turn's model
+    title_model: str | None = None  # "provider:id"; None: the turn's model; "": no titles
+    image_max_pixels: int = 2048
+    file_text_max_bytes: int = 200_000
+    max_attachment_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_toml(cls, table: dict[str, Any]) -> TurnSettings:
@@ -48,7 +64,10 @@ class TurnSettings:
             if name is None:
                 raise ValueError(f"turns.{key}: unknown setting")
             kind = types[name]
-            if "str" in kind:
+            if kind == "bool":
+                if not isinstance(value, bool):
+                    raise ValueError(f"turns.{key}: must be true or false")
+            elif "str" in kind:
                 if not isinstance(value, str):
                     raise ValueError(f"turns.{key}: must be a string")
             else:
@@ -56,7 +75,7 @@ class TurnSettings:
                     raise ValueError(f"turns.{key}: must be a number")
                 if kind == "int" and value != int(value):
                     raise ValueError(f"turns.{key}: must be a whole number")
-                minimum = 0 if name in ("retries",) else 1
+                minimum = 0 if name in ("retries", "reply_reserve_tokens") else 1
                 if value < minimum:
                     raise ValueError(f"turns.{key}: must be >= {minimum}")
                 value = int(value) if kind == "int" else value
@@ -73,3 +92,9 @@ class Provider:
     api_key: str | None = field(default=None, repr=False)
     models: tuple[str, ...] = ()
     label: str | None = None
+    # Context sizes in tokens (SPEC §15): per model id, else provider-wide, else unknown.
+    context: int | None = None
+    model_context: Mapping[str, int] = field(default_factory=dict)
+
+    def context_of(self, model_id: str) -> int | None:
+        return self.model_context.get(model_id, self.context)

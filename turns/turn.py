@@ -16,6 +16,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -38,11 +39,14 @@ from turns.models import (
     reasoning_effort,
 )
 from turns.parts import PartsBuilder
-from turns.prompt import branch, chat_messages, instructions
+from turns.prompt import branch, instructions
 from turns.ratelimit import RateLimiter
 from turns.settings import TurnSettings
 from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
+from turns.titles import Titles
+from turns.titles import wanted as title_wanted
+from turns.window import turn_prompt
 
 log = logging.getLogger("turnd.turns")
 
@@ -99,6 +103,8 @@ class TurnServices:
     http: httpx.AsyncClient
     # The engine's running set: a turn is in it while there is something to cancel.
     running: dict[TurnAddress, Turn]
+    titles: Titles
+    cache_dir: Path | None = None  # image derivatives, by CID (turns.attachments)
 
 
 class Turn:
@@ -261,9 +267,13 @@ class Turn:
                     # 6. Build the prompt from the branch.
                     preferences, info = self.conversation.preferences, self.conversation.info
                     system = instructions(settings, preferences, info)
-                    messages = await chat_messages(s.store, a.did, self.chain, system)
+                    prompt = await turn_prompt(
+                        s.store, s.clients, did=a.did, skey=a.skey, chain=self.chain,
+                        user_key=a.user_key, system=system, settings=settings, model=self.model,
+                        provider=provider, publish=self.buffer.publish, cache_dir=s.cache_dir,
+                    )
                     # 7. Filter.
-                    messages = await s.plugins.filter(BEFORE_MODEL, messages, self.context)
+                    messages = await s.plugins.filter(BEFORE_MODEL, prompt.messages, self.context)
                     # 8-9. Generate and stream.
                     await run_steps(
                         s.clients.client(provider, settings.retries),
@@ -275,6 +285,7 @@ class Turn:
                         parts=parts,
                         tool_context=ToolContext(a.did, a.conversation_uri, cancelled, s.http),
                         usage=self.usage,
+                        window=prompt.window,
                     )
                 except (TurnFailed, ModelResolutionError, HookError) as exc:
                     status, error = "error", scrub(str(exc), s.secrets)
@@ -324,6 +335,11 @@ class Turn:
             ttft = parts.first_delta_at - started if parts.first_delta_at is not None else None
             self._observe(record, ttft, time.monotonic() - started)
             await conversations.touch_ref(s.store, a.did, a.skey)
+            conversation = self.conversation
+            if record["status"] == "complete" and title_wanted(
+                self._settings, conversation.info, conversation.preferences
+            ):  # after the status is out: a title never delays the reply
+                s.titles.start(a.did, a.skey, self._settings, self.model, self.user_message, record)
             self.context.reply = record
             try:
                 await s.plugins.action(TURN_AFTER, self.context)

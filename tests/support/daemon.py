@@ -99,7 +99,8 @@ def daemon_config(tmp: Path, fake: FakeModel, **tables: dict[str, Any]) -> Any:
         "store": {"kind": "local", "path": str(tmp / "data")},
         "http": {"listen": "127.0.0.1:8787", **tables.pop("http", {})},
         "models": {"default": "fake:fake-model"},
-        "turns": {"retries": 0, **tables.pop("turns", {})},
+        # Titles off unless a test turns them on: they would take the fake's queued replies.
+        "turns": {"retries": 0, "titleModel": "", **tables.pop("turns", {})},
         "providers": {"fake": {"base_url": fake.base_url, "api_key_env": "T_FAKE_KEY"}},
         "accounts": {
             "alice": {

@@ -79,9 +79,15 @@ async def turn_kit(
     settings: TurnSettings | None = None,
     state_path: Path | None = None,
     user_tools: dict[str, list[str]] | None = None,
+    titles: bool = False,
+    cache_dir: Path | None = None,
+    context: int | None = None,
+    model_context: dict[str, int] | None = None,
 ) -> AsyncIterator[Kit]:
     providers = {
-        "fake": Provider("fake", fake.base_url, API_KEY, ()),
+        "fake": Provider(
+            "fake", fake.base_url, API_KEY, (), context=context, model_context=model_context or {}
+        ),
         "other": Provider("other", fake.base_url, API_KEY, ()),
     }
     async with LocalStore.open(tmp / "data") as store:
@@ -95,8 +101,12 @@ async def turn_kit(
             "fake:fake-model",
             plugins,
             user_tools=user_tools,
+            cache_dir=cache_dir,
         )
         kit = Kit(store, state, engine, fake, settings or TurnSettings(retries=0))
+        if not titles:
+            # Off unless a test asks: a title request would take the fake's queued replies.
+            kit.settings = replace(kit.settings, title_model="")
         try:
             async with engine:
                 yield kit

@@ -1,0 +1,188 @@
+"""Generated titles (SPEC §15).
+
+After a conversation's first complete reply, when the user's preferences do not
+say ``generateTitles: false`` and the conversation has no title, ``[turns]
+titleModel`` (default: the turn's model) is asked for a title of at most 60
+characters. It is written to ``info`` with a compare-and-swap, so a title the user
+sets meanwhile wins, and to the ``conversationRef``. It runs after the reply's
+``status`` is out, in the engine's task group; a title model that fails leaves no
+title and writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import openai
+
+from recordstore import INFO, InvalidSwap, RecordExists, RecordStore, StoreError
+from turns.models import Clients, ModelResolutionError, parse_model
+from turns.parts import TEXT
+from turns.settings import TurnSettings
+
+log = logging.getLogger("turnd.turns")
+
+MAX_TITLE = 60
+TITLE_TIMEOUT = 60.0  # seconds; a title is never worth holding a shutdown for longer
+_INPUT_CHARS = 4000
+_INSTRUCTIONS = (
+    "Write a short title (at most 60 characters) for the conversation below, in its "
+    "language. Answer with the title alone: no quotes, no final period."
+)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def wanted(
+    settings: TurnSettings, info: Mapping[str, Any] | None, preferences: Mapping[str, Any] | None
+) -> bool:
+    if settings.title_model == "":
+        return False  # titles are off for the whole daemon
+    if (preferences or {}).get("generateTitles") is False:
+        return False
+    title = (info or {}).get("title")
+    return not (isinstance(title, str) and title)
+
+
+def clean(text: str) -> str:
+    """The model's answer as a title: one line, no quotes, at most 60 characters."""
+    line = next((t.strip() for t in text.strip().splitlines() if t.strip()), "")
+    line = line.removeprefix("Title:").strip().strip("\"'“”‘’«»*#").strip()
+    if len(line) > MAX_TITLE:
+        cut = line[:MAX_TITLE]
+        line = cut.rsplit(" ", 1)[0] if " " in cut[MAX_TITLE // 2 :] else cut
+    return line.rstrip(" .")
+
+
+def _text(value: Mapping[str, Any]) -> str:
+    content = value.get("content")
+    parts = content.get("parts") if isinstance(content, Mapping) else None
+    texts = [
+        p["text"]
+        for p in parts or ()
+        if isinstance(p, Mapping) and p.get("$type") == TEXT and isinstance(p.get("text"), str)
+    ]
+    return "\n".join(texts)[:_INPUT_CHARS]
+
+
+class Titles:
+    """Title tasks of one engine; ``cancel_all`` at shutdown, ``cancel`` on delete."""
+
+    def __init__(
+        self,
+        store: RecordStore,
+        clients: Clients,
+        touch_ref: Callable[[str, str, str | None], Awaitable[None]],
+    ) -> None:
+        self._store = store
+        self._clients = clients
+        self._touch_ref = touch_ref
+        self._scopes: dict[tuple[str, str], anyio.CancelScope] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.usage: list[dict[str, Any]] = []
+
+    def attach(self, task_group: anyio.abc.TaskGroup) -> None:
+        """The engine's task group: title tasks end before the engine does."""
+        self._tg = task_group
+
+    def start(
+        self,
+        did: str,
+        skey: str,
+        settings: TurnSettings,
+        model: dict[str, str],
+        user_message: Mapping[str, Any],
+        reply: Mapping[str, Any],
+    ) -> None:
+        if self._tg is not None and (did, skey) not in self._scopes:
+            self._tg.start_soon(self.generate, did, skey, settings, model, user_message, reply)
+
+    def cancel(self, did: str, skey: str) -> None:
+        scope = self._scopes.get((did, skey))
+        if scope is not None:
+            scope.cancel()
+
+    def cancel_all(self) -> None:
+        for scope in list(self._scopes.values()):
+            scope.cancel()
+
+    async def generate(
+        self,
+        did: str,
+        skey: str,
+        settings: TurnSettings,
+        model: dict[str, str],
+        user_message: Mapping[str, Any],
+        reply: Mapping[str, Any],
+    ) -> None:
+        address = (did, skey)
+        if address in self._scopes:
+            return  # one title at a time per conversation
+        scope = self._scopes[address] = anyio.CancelScope()
+        try:
+            with scope, anyio.move_on_after(TITLE_TIMEOUT):
+                title = await self._ask(settings, model, user_message, reply)
+                if title:
+                    await self._write(did, skey, title)
+        except Exception:
+            log.exception("title generation failed for %s", skey)
+        finally:
+            self._scopes.pop(address, None)
+
+    async def _ask(
+        self,
+        settings: TurnSettings,
+        model: dict[str, str],
+        user_message: Mapping[str, Any],
+        reply: Mapping[str, Any],
+    ) -> str | None:
+        try:
+            ref = parse_model(settings.title_model) if settings.title_model else model
+            client = self._clients.client(self._clients.provider(ref), settings.retries)
+        except (ValueError, ModelResolutionError) as exc:
+            log.warning("no title: %s", exc)
+            return None
+        conversation = f"User: {_text(user_message)}\n\nAssistant: {_text(reply)}"
+        try:
+            response = await client.chat.completions.create(
+                model=ref["id"],
+                messages=[
+                    {"role": "system", "content": _INSTRUCTIONS},
+                    {"role": "user", "content": conversation},
+                ],
+                max_tokens=32,
+                stream=False,
+            )
+        except openai.OpenAIError as exc:
+            log.warning("the title model %s:%s failed: %s", ref["provider"], ref["id"], type(exc).__name__)
+            return None
+        if response.usage is not None:
+            self.usage.append({"model": ref, "usage": response.usage.model_dump()})
+        text = response.choices[0].message.content if response.choices else None
+        return clean(text) if isinstance(text, str) else None
+
+    async def _write(self, did: str, skey: str, title: str) -> None:
+        for _ in range(3):
+            info = await self._store.get_record(did, skey, INFO, "self")
+            if info is not None and isinstance(info.value.get("title"), str) and info.value["title"]:
+                return  # a title arrived meanwhile (the user's, or another turn's): it wins
+            value = dict(info.value) if info else {"$type": INFO, "createdAt": _now()}
+            value.update(title=title, titleSource="generated")
+            try:
+                if info is None:
+                    await self._store.create_record(did, skey, INFO, "self", value)
+                else:
+                    await self._store.put_record(did, skey, INFO, "self", value, swap_cid=info.cid)
+            except (InvalidSwap, RecordExists):
+                continue  # changed under us: read again and decide again
+            except StoreError as exc:
+                log.warning("could not write the title of %s: %s", skey, exc)
+                return
+            await self._touch_ref(did, skey, title)
+            return
