@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 
 from plugins import PluginSet
-from recordstore import CONVERSATION, MESSAGE, RecordStore
+from recordstore import CONVERSATION, MESSAGE, Change, RecordStore
+from recordstore.keys import new_tid
 from recordstore.local import LocalStore
 from testbed.fakemodel import FakeModel
 from tests.support import records
@@ -33,6 +34,10 @@ class Kit:
     fake: FakeModel
     settings: TurnSettings
     owners: dict[str, str] = field(default_factory=lambda: {DID: "alice"})
+    # Every change the feed delivered, in order, after the engine's rules ran on it: a
+    # negative test asserts its change arrived, so an empty feed cannot pass it.
+    seen: list[Change] = field(default_factory=list)
+    _delivered: anyio.Event = field(default_factory=anyio.Event)
 
     def set(self, **changes: Any) -> None:
         """Change the turn settings; the next turn reads them."""
@@ -68,6 +73,33 @@ class Kit:
         task_status.started()
         async for change in self.store.changes(None):
             await self.engine.on_change(change, self.owners)
+            self.seen.append(change)
+            self._delivered.set()
+            self._delivered = anyio.Event()
+
+    async def delivered(self, key: str, wait: float = 10) -> Change:
+        """The change of record ``key`` once the feed has delivered it and the rules ran."""
+        with anyio.fail_after(wait):
+            while True:
+                for change in self.seen:
+                    if change.key == key:
+                        return change
+                await self._delivered.wait()
+
+    async def until_live(self, wait: float = 10) -> None:
+        """Return once the feed is past its backfill: the next write is seen live.
+
+        Writes marker records (no ``generation``: they start nothing) until one comes
+        back with ``live`` set.
+        """
+        skey = new_tid()
+        await self.store.create_space(DID, CONVERSATION, skey)
+        with anyio.fail_after(wait):
+            while True:
+                key = new_tid()
+                await self.store.create_record(DID, skey, MESSAGE, key, records.user_message("marker", attempt=None))
+                if (await self.delivered(key)).live:
+                    return
 
 
 @asynccontextmanager
