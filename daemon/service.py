@@ -13,6 +13,7 @@ leaves ``pending`` become ``error: interrupted`` at the next start.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -29,6 +30,7 @@ from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from daemon.config import ECHO, Account, Config, ConfigError, echo_provider
+from daemon.connections import AcceptErrorLog, guarded_protocol
 from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore, StoreError
 
 log = logging.getLogger("turnd.service")
@@ -168,6 +170,9 @@ class Service:
             # Port 0 (tests): the built-in echo must point at the port actually bound.
             host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
             self.config.providers[ECHO] = echo_provider(f"{host}:{self.port}")
+        loop = asyncio.get_running_loop()
+        previous_handler = loop.get_exception_handler()
+        loop.set_exception_handler(AcceptErrorLog(previous_handler))
         try:
             async with anyio.create_task_group() as outer:
                 outer.start_soon(self._watch_signals, outer.cancel_scope)
@@ -176,6 +181,7 @@ class Service:
                 finally:
                     outer.cancel_scope.cancel()  # ends the signal watcher
         finally:
+            loop.set_exception_handler(previous_handler)
             sock.close()
 
     async def _watch_signals(self, scope: anyio.CancelScope) -> None:
@@ -239,6 +245,8 @@ class Service:
                 lifespan="off",  # the Service owns start-up and shutdown, not the app
                 timeout_graceful_shutdown=5,
                 server_header=False,
+                # SPEC §12: a header timeout and a connection cap (daemon.connections).
+                http=guarded_protocol(self.config.header_timeout, self.config.max_connections),
             )
             server = _Server(config)
             served = anyio.Event()

@@ -1,0 +1,187 @@
+"""Connections cannot be exhausted (SPEC §12): what uvicorn does not do by itself.
+
+uvicorn (h11) offers a keep-alive timeout, which starts only after a response,
+``limit_concurrency``, which answers 503 only once a request head has arrived, and
+a cap on the size of an incomplete head (``h11_max_incomplete_event_size``, 16 KiB
+by default, kept). Nothing closes a connection that never completes its first head,
+so 300 clients sending a header byte every few seconds hold 300 sockets forever,
+and nothing stops accepting before the process runs out of descriptors. This
+protocol adds both:
+
+- **header timeout**: a connection whose request head is not complete within
+  ``[http] header_timeout`` of its opening (or of the end of its previous response)
+  is closed;
+- **max connections**: past ``[http] max_connections`` open connections (never more
+  than the process's descriptor limit allows, less a reserve for the store, the
+  model clients and the logs) a new connection is answered 503 at once and closed.
+
+And :class:`AcceptErrorLog`: asyncio reports every failed ``accept()`` (EMFILE)
+through the loop's exception handler, with a traceback, once a second per socket;
+it is logged at most once per 10 s, one line, with the count of those left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+import h11
+from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
+
+__all__ = ["AcceptErrorLog", "GuardedH11", "connection_limit", "guarded_protocol"]
+
+log = logging.getLogger("turnd.http")
+
+FD_RESERVE_MIN = 64  # descriptors kept for everything but client connections
+REFUSED_LINGER = 1.0  # seconds a refused connection may take to read its 503
+ACCEPT_LOG_EVERY = 10.0
+_BUSY = json.dumps(
+    {"error": "Unavailable", "message": "too many connections; try again shortly"}
+).encode()
+_BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"content-type: application/json\r\n"
+    b"retry-after: 1\r\n"
+    b"connection: close\r\n"
+    b"content-length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY
+)
+
+
+def connection_limit(configured: int) -> int:
+    """``configured``, lowered to what the descriptor limit leaves for connections."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return configured
+    reserve = max(FD_RESERVE_MIN, soft // 8)
+    return max(1, min(configured, soft - reserve))
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with a header timeout and a connection cap."""
+
+    header_timeout: float = 10.0
+    max_connections: int = 1000
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # The descriptor limit is read per connection: it can be changed while running.
+        if len(self.connections) > connection_limit(self.max_connections):
+            self._refuse()
+            return
+        self._arm_head_timer()
+
+    def _refuse(self) -> None:
+        # Not counted: a refused connection only reads its answer and goes.
+        self._refused = True
+        self.connections.discard(self)
+        self.transport.write(_BUSY_RESPONSE)
+        # Half-close and linger briefly instead of closing at once: closing with the
+        # client's request unread would reset the connection and lose the 503.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(REFUSED_LINGER, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # the request of a refused connection is read and dropped
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._cancel_head_timer()  # the head is complete
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        if self._refused:
+            self.transport.close()
+            return None
+        return super().eof_received()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A kept-alive connection gets the same time for its next head.
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def guarded_protocol(header_timeout: float, max_connections: int) -> type[GuardedH11]:
+    """A :class:`GuardedH11` with these limits, for ``uvicorn.Config(http=...)``."""
+    return type(
+        "GuardedH11",
+        (GuardedH11,),
+        {
+            "header_timeout": header_timeout,
+            "max_connections": max_connections,
+        },
+    )
+
+
+class AcceptErrorLog:
+    """A loop exception handler: ``accept()`` failures at most once per 10 s, the rest
+    passed on to the handler that was there before."""
+
+    MESSAGE = "socket.accept() out of system resource"
+
+    def __init__(
+        self,
+        previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object] | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._previous = previous
+        self._clock = clock
+        self._last: float | None = None
+        self._left_out = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != self.MESSAGE:
+            if self._previous is not None:
+                self._previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        now = self._clock()
+        if self._last is not None and now - self._last < ACCEPT_LOG_EVERY:
+            self._left_out += 1
+            return
+        self._last = now
+        more = f" ({self._left_out} more since the last report)" if self._left_out else ""
+        self._left_out = 0
+        log.error(
+            "cannot accept connections: %s; lower [http] max_connections or raise the "
+            "open-file limit%s",
+            context.get("exception") or "out of resources",
+            more,
+        )

@@ -1,0 +1,207 @@
+"""SPEC §12 "Connections cannot be exhausted" (probe 5 of issue 12, scaled down).
+
+The probe: 300 connections sending one header byte every 5 s stayed open forever;
+under a 1,024-descriptor limit 1,200 idle sockets made ``/healthz`` time out and
+the log got 110,005 lines of "socket.accept() out of system resource" in 18 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from daemon.connections import AcceptErrorLog
+from tests.daemon_fixtures import running_daemon
+from tests.fakemodel import FakeModel
+from tests.reliability_kit import TURND, clean_env, free_port, write_config
+
+pytestmark = pytest.mark.anyio
+
+
+async def _closed_by_server(sock: anyio.abc.SocketStream) -> None:
+    """Returns once the server has closed ``sock`` (EOF or reset)."""
+    try:
+        while await sock.receive():
+            pass
+    except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+        return
+
+
+async def test_slow_request_heads_are_closed(tmp_path: Path, fake_model: FakeModel) -> None:
+    http = {"header_timeout": 0.5}
+    async with running_daemon(tmp_path, fake_model, http=http) as dm:
+        port = dm.service.port
+        head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Slow: " % port
+        closed = 0
+
+        async def slowloris() -> None:
+            nonlocal closed
+            async with await anyio.connect_tcp("127.0.0.1", port) as sock:
+                async with anyio.create_task_group() as tg:
+
+                    async def drip() -> None:
+                        # One byte at a time, never finishing the head.
+                        for i in range(10_000):
+                            try:
+                                await sock.send(head[i : i + 1] or b"a")
+                            except (anyio.BrokenResourceError, ConnectionError, OSError):
+                                return
+                            await anyio.sleep(0.05)
+
+                    tg.start_soon(drip)
+                    await _closed_by_server(sock)
+                    tg.cancel_scope.cancel()
+            closed += 1
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for _ in range(30):
+                    tg.start_soon(slowloris)
+                # Meanwhile, complete requests are answered.
+                await anyio.sleep(0.2)
+                r = await dm.http.get("/healthz")
+                assert r.status_code == 200
+        assert closed == 30
+
+        # A kept-alive connection that answered a request is not cut while it works.
+        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10) as client:
+            for _ in range(3):
+                assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_connections_past_the_cap_get_503(tmp_path: Path, fake_model: FakeModel) -> None:
+    http = {"max_connections": 10, "header_timeout": 60}
+    async with running_daemon(tmp_path, fake_model, http=http) as dm:
+        port = dm.service.port
+        request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
+        idle = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(10)]
+        try:
+            # Wait until the server has taken all ten (the accept queue may lag).
+            with anyio.fail_after(10):
+                while True:
+                    async with await anyio.connect_tcp("127.0.0.1", port) as extra:
+                        await extra.send(request)
+                        answer = b""
+                        try:
+                            while True:
+                                answer += await extra.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                            pass
+                    if answer.startswith(b"HTTP/1.1 503"):
+                        break
+                    await anyio.sleep(0.05)
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "Unavailable"
+        finally:
+            for sock in idle:
+                await sock.aclose()
+        with anyio.fail_after(10):
+            while True:
+                if (await dm.http.get("/healthz")).status_code == 200:
+                    break
+                await anyio.sleep(0.05)
+
+
+def test_accept_errors_are_logged_once_per_10_s(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    passed: list[str] = []
+    handler = AcceptErrorLog(lambda _loop, ctx: passed.append(ctx["message"]), lambda: now[0])
+    loop = asyncio.new_event_loop()
+    try:
+        context = {"message": AcceptErrorLog.MESSAGE, "exception": OSError(24, "Too many")}
+        with caplog.at_level("ERROR", logger="turnd.http"):
+            for _ in range(100):  # 100 failures in 9.9 s: one line
+                handler(loop, context)
+                now[0] += 0.099
+            now[0] = 10.5
+            handler(loop, context)  # the next window: one more, counting the left-out
+            handler(loop, {"message": "something else"})
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert len(lines) == 2
+    assert "99 more" in lines[1]
+    assert passed == ["something else"]
+
+
+def _limit_fds() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_idle_sockets_under_a_low_fd_limit(tmp_path: Path, fake_model: FakeModel) -> None:
+    """The probe as a process: a 256-descriptor limit, 400 idle sockets."""
+    port = free_port()
+    config = write_config(
+        tmp_path / "turnd.toml",
+        data=tmp_path / "data",
+        state=tmp_path / "state.sqlite3",
+        port=port,
+        model_url=fake_model.base_url,
+    )
+    text = config.read_text().replace("web = false", "web = false\nheader_timeout = 1")
+    config.write_text(text)
+    err = tmp_path / "err.log"
+    with err.open("wb") as e:
+        proc = subprocess.Popen(
+            [TURND, "serve", "--config", str(config)],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=e,
+            preexec_fn=_limit_fds,
+        )
+    socks: list[socket.socket] = []
+    try:
+        url = f"http://127.0.0.1:{port}/healthz"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.05)
+        started = time.monotonic()
+        for _ in range(400):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+            socks.append(s)
+        # All 400 stay open on this side; the daemon still answers its health check.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "no 200 from /healthz while 400 sockets idle"
+            time.sleep(0.2)
+        elapsed = time.monotonic() - started
+        lines = [
+            line
+            for line in err.read_text(errors="replace").splitlines()
+            if "accept" in line.lower()
+        ]
+        assert len(lines) <= 2 + elapsed / 10, lines[:5]
+    finally:
+        for s in socks:
+            s.close()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
