@@ -15,6 +15,10 @@ protocol adds both:
   than the process's descriptor limit allows, less a reserve for the store, the
   model clients and the logs) a new connection is answered 503 at once and closed.
 
+- **idle subscribers**: an SSE response registers its reply's stream buffer through
+  the scope extension ``turnd.subscriber``; once that turn has ended, a connection
+  whose writes stay blocked (the client reads nothing) for 60 s is closed.
+
 And :class:`AcceptErrorLog`: asyncio reports every failed ``accept()`` (EMFILE)
 through the loop's exception handler, with a traceback, once a second per socket;
 it is logged at most once per 10 s, one line, with the count of those left out.
@@ -28,7 +32,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 from uvicorn.config import Config
@@ -42,6 +46,8 @@ log = logging.getLogger("turnd.http")
 FD_RESERVE_MIN = 64  # descriptors kept for everything but client connections
 REFUSED_LINGER = 1.0  # seconds a refused connection may take to read its 503
 ACCEPT_LOG_EVERY = 10.0
+IDLE_SUBSCRIBER_SECONDS = 60.0  # after the turn ended, with nothing read meanwhile
+SUBSCRIBER_EXTENSION = "turnd.subscriber"
 _BUSY = json.dumps(
     {"error": "Unavailable", "message": "too many connections; try again shortly"}
 ).encode()
@@ -63,6 +69,11 @@ def connection_limit(configured: int) -> int:
     return max(1, min(configured, soft - reserve))
 
 
+class _Finishable(Protocol):
+    @property
+    def done(self) -> bool: ...
+
+
 class GuardedH11(H11Protocol):
     """uvicorn's h11 protocol with a header timeout and a connection cap."""
 
@@ -79,6 +90,9 @@ class GuardedH11(H11Protocol):
         super().__init__(config, server_state, app_state, _loop)
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        self._stream: _Finishable | None = None  # the SSE response's buffer, if any
+        self._stuck_timer: asyncio.TimerHandle | None = None
+        self._stuck_since: float | None = None  # blocked writes after the turn ended
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -112,7 +126,53 @@ class GuardedH11(H11Protocol):
             return None
         return super().eof_received()
 
+    def handle_events(self) -> None:
+        super().handle_events()
+        # The request task has been created but has not run yet: its scope can
+        # still get the extension through which an SSE response registers.
+        if self.scope is not None and not self._refused:
+            self.scope.setdefault("extensions", {})[SUBSCRIBER_EXTENSION] = self._watch
+
+    def _watch(self, stream: _Finishable) -> None:
+        self._stream = stream
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stream is not None and self._stuck_timer is None:
+            self._stuck_timer = self.loop.call_later(self._check_every(), self._check_stuck)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stuck_since = None  # the client read something
+        if self._stuck_timer is not None:
+            self._stuck_timer.cancel()
+            self._stuck_timer = None
+
+    @staticmethod
+    def _check_every() -> float:
+        return max(0.05, IDLE_SUBSCRIBER_SECONDS / 6)
+
+    def _check_stuck(self) -> None:
+        self._stuck_timer = None
+        if self._stream is None or not self.flow.write_paused or self.transport.is_closing():
+            return
+        if self._stream.done:
+            now = self.loop.time()
+            if self._stuck_since is None:
+                self._stuck_since = now
+            elif now - self._stuck_since >= IDLE_SUBSCRIBER_SECONDS:
+                log.info(
+                    "closing a stream subscriber that read nothing for %.0f s after its "
+                    "turn ended",
+                    now - self._stuck_since,
+                )
+                # abort, not close: close would wait for the buffer it cannot send.
+                self.transport.abort()
+                return
+        self._stuck_timer = self.loop.call_later(self._check_every(), self._check_stuck)
+
     def on_response_complete(self) -> None:
+        self._stream = None
         super().on_response_complete()
         # A kept-alive connection gets the same time for its next head.
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
@@ -120,6 +180,9 @@ class GuardedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        if self._stuck_timer is not None:
+            self._stuck_timer.cancel()
+            self._stuck_timer = None
         super().connection_lost(exc)
 
     def _arm_head_timer(self) -> None:

@@ -27,6 +27,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 import recordstore
 from daemon import echo, webui, xrpc
+from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.deps import AccountDep, ConversationDep, ConversationKeyDep, ServiceDep
 from daemon.errors import install_error_handlers
 from daemon.hosts import HostCheck, own_names
@@ -254,7 +255,9 @@ async def _stream_source(
     keys.validate_key(replyKey)
     after = last_event_id if last_event_id is not None else (lastEventId or 0)
     buffer = service.engine.stream(acct.did, skey, replyKey)
-    if buffer is not None:
+    # At or past the last event of a finished reply: its stored status (SPEC §12),
+    # not an empty stream.
+    if buffer is not None and not (buffer.done and after >= buffer.last_id):
         return _StreamSource(after, buffer, None)
     rec = await service.store.get_record(acct.did, skey, recordstore.MESSAGE, replyKey)
     if rec is None or rec.value.get("role") != "assistant":
@@ -268,10 +271,14 @@ async def _stream_source(
     responses={200: {"content": {"text/event-stream": {}}, "description": "The reply's events"}},
 )
 async def stream(
+    request: Request,
     source: Annotated[_StreamSource, Depends(_stream_source)],
 ) -> EventSourceResponse:
     # The turn runs in the engine, not in this request: a subscriber that goes away
     # ends only this response.
+    watch = request.scope.get("extensions", {}).get(SUBSCRIBER_EXTENSION)
+    if watch is not None and source.buffer is not None:
+        watch(source.buffer)  # closed once it reads nothing for 60 s after the turn
     return EventSourceResponse(
         _sse_bytes(source), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import resource
 import socket
 import subprocess
@@ -19,9 +20,10 @@ import anyio
 import httpx
 import pytest
 
+from daemon import connections
 from daemon.connections import AcceptErrorLog
-from tests.daemon_fixtures import running_daemon
-from tests.fakemodel import FakeModel
+from tests.daemon_fixtures import ALICE_TOKEN, Daemon, running_daemon, sse_events
+from tests.fakemodel import FakeModel, Reply
 from tests.reliability_kit import TURND, clean_env, free_port, write_config
 
 pytestmark = pytest.mark.anyio
@@ -205,3 +207,64 @@ def test_idle_sockets_under_a_low_fd_limit(tmp_path: Path, fake_model: FakeModel
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+async def _subscribers(dm: Daemon) -> float:
+    text = (await dm.http.get("/metrics")).text
+    match = re.search(r"^turnd_stream_subscribers (\S+)$", text, re.M)
+    assert match, text[:500]
+    return float(match.group(1))
+
+
+async def test_a_subscriber_that_reads_nothing_is_let_go(
+    tmp_path: Path, fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 60 s in the daemon; a fraction of a second here, so the test runs in seconds.
+    monkeypatch.setattr(connections, "IDLE_SUBSCRIBER_SECONDS", 0.5)
+    # Several MB of events: more than the socket buffers hold, so the writer blocks.
+    fake_model.push(Reply.tokens(100_000, word="ab"))
+    async with running_daemon(tmp_path, fake_model) as dm:
+        skey = await dm.conversation()
+        reply = (await dm.post(skey, "long", generation={}))["replyKey"]
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", dm.service.port))
+            path = f"/api/conversations/{skey}/messages/{reply}/stream"
+            await asyncio.get_running_loop().sock_sendall(
+                sock,
+                (
+                    f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{dm.service.port}\r\n"
+                    f"Authorization: Bearer {ALICE_TOKEN}\r\n\r\n"
+                ).encode(),
+            )
+            # Never read. The turn ends; then the daemon lets the subscriber go.
+            await dm.final(skey, reply, wait=60)
+            with anyio.fail_after(30):
+                while True:
+                    if await _subscribers(dm) == 0:
+                        break
+                    await anyio.sleep(0.1)
+        finally:
+            sock.close()
+
+
+async def test_last_event_id_past_the_end_gets_the_status(
+    tmp_path: Path, fake_model: FakeModel
+) -> None:
+    async with running_daemon(tmp_path, fake_model) as dm:
+        skey = await dm.conversation()
+        reply = (await dm.post(skey, "hi", generation={}))["replyKey"]
+        assert (await dm.final(skey, reply))["status"] == "complete"
+        path = f"/api/conversations/{skey}/messages/{reply}/stream"
+        async with dm.http.stream("GET", path) as r:
+            events = await sse_events(r)
+        last = int(events[-1]["id"])
+        assert events[-1]["event"] == "status"
+        for after in (last, last + 5):
+            async with dm.http.stream("GET", path, headers={"Last-Event-ID": str(after)}) as r:
+                again = await sse_events(r)
+            assert [e["event"] for e in again] == ["status"], again
+            assert again[0]["data"]["status"] == "complete"
+            assert int(again[0]["id"]) > after
