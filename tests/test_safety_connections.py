@@ -22,9 +22,11 @@ import pytest
 
 from daemon import connections
 from daemon.connections import AcceptErrorLog
-from tests.daemon_fixtures import ALICE_TOKEN, Daemon, running_daemon, sse_events
-from tests.fakemodel import FakeModel, Reply
-from tests.reliability_kit import TURND, clean_env, free_port, write_config
+from testbed.fakemodel import FakeModel, Reply
+from testbed.ports import free_port
+from tests.support.daemon import ALICE_TOKEN, Daemon, running_daemon
+from tests.support.reliability import TURND, clean_env, write_config
+from tests.support.sse import read_events as sse_events
 
 pytestmark = pytest.mark.anyio
 
