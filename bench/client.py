@@ -17,10 +17,12 @@ import anyio
 import httpx
 import openai
 
-TEXT_PART = "network.sharedcomputer.chat.defs#textPart"
-PLAIN = "network.sharedcomputer.chat.defs#plainContent"
-MESSAGE = "network.sharedcomputer.chat.message"
-INFO = "network.sharedcomputer.chat.info"
+# Re-exported: the bench's other modules spell the names through this one.
+from recordstore.vocabulary import INFO as INFO
+from recordstore.vocabulary import MESSAGE as MESSAGE
+from recordstore.vocabulary import PLAIN_CONTENT as PLAIN  # noqa: F401
+from recordstore.vocabulary import TEXT_PART as TEXT_PART
+
 MODEL = "fake-model"
 PROMPT = [{"role": "user", "content": "hi"}]
 

@@ -47,13 +47,12 @@ from typing import Any
 
 import httpx
 
+from recordstore.vocabulary import INFO, MESSAGE
+from recordstore.vocabulary import PLAIN_CONTENT as PLAIN
+from recordstore.vocabulary import TEXT_PART as TEXT
 from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-MESSAGE = "network.sharedcomputer.chat.message"
-INFO = "network.sharedcomputer.chat.info"
-TEXT = "network.sharedcomputer.chat.defs#textPart"
-PLAIN = "network.sharedcomputer.chat.defs#plainContent"
 TOKEN = "bench-pds-token-0123456789"
 PER_CONVERSATION = 10  # latency phase: messages (each with its reply) per conversation
 

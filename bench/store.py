@@ -26,6 +26,7 @@ import anyio
 
 from recordstore import MESSAGE
 from recordstore.local import LocalStore
+from recordstore.vocabulary import PLAIN_CONTENT, TEXT_PART
 
 DID = "did:plc:bench"
 SPACE = "3m2a4b5c6d7e2"
@@ -36,8 +37,8 @@ def _message(text: str) -> dict[str, Any]:
         "$type": MESSAGE,
         "role": "user",
         "content": {
-            "$type": "network.sharedcomputer.chat.defs#plainContent",
-            "parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": text}],
+            "$type": PLAIN_CONTENT,
+            "parts": [{"$type": TEXT_PART, "text": text}],
         },
         "generation": {"attempt": 0},
         "createdAt": "2026-01-01T00:00:00.000Z",

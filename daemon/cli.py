@@ -34,10 +34,10 @@ from daemon.config import (
     resolve_config_path,
 )
 from recordstore.times import now_iso
+from recordstore.vocabulary import CONVERSATION, PLAIN_CONTENT, TEXT_PART
 from turns.models import EFFORTS
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
-DEFS = "network.sharedcomputer.chat.defs"
 FINAL = ("complete", "error", "cancelled")
 
 
@@ -324,7 +324,7 @@ async def _send(
             repo_rkey(SETTINGS_SPACE, skey),
             {
                 "$type": CONVERSATION_REF,
-                "conversation": f"at://{did}/space/network.sharedcomputer.chat.conversation/{skey}",
+                "conversation": f"at://{did}/space/{CONVERSATION}/{skey}",
                 "updatedAt": now,
             },
         )
@@ -341,7 +341,7 @@ async def _send(
     record: dict[str, Any] = {
         "$type": MESSAGE,
         "role": "user",
-        "content": {"$type": f"{DEFS}#plainContent", "parts": [_text_part(args.text)]},
+        "content": {"$type": PLAIN_CONTENT, "parts": [_text_part(args.text)]},
         "generation": generation,
         "createdAt": now_iso(),
     }
@@ -360,7 +360,7 @@ async def _send(
 
 
 def _text_part(text: str) -> dict[str, Any]:
-    return {"$type": f"{DEFS}#textPart", "text": text}
+    return {"$type": TEXT_PART, "text": text}
 
 
 def _value(response: Any) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from daemon.errors import install_error_handlers
 from daemon.hosts import HostCheck, own_names
 from daemon.limits import JSON_BODY_LIMIT, BodyLimit
 from recordstore import keys
+from recordstore.mime import blob_mime
+from recordstore.vocabulary import FILE_PART, IMAGE_PART
 from turns import conversations
 from turns.models import Effort
 
@@ -45,7 +47,8 @@ KEEPALIVE_SECONDS = 15.0  # a comment line on a quiet stream, for idle proxies
 MAX_IMAGE_BYTES = 20_000_000  # the lexicon's imagePart.image maxSize
 MAX_FILE_BYTES = 50_000_000  # and filePart.file's
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
-DEFS = "network.sharedcomputer.chat.defs"
+
+
 # -- request bodies ------------------------------------------------------------------------
 
 
@@ -317,14 +320,14 @@ async def attachments(
     data = await request.body()
     if not data:
         raise HTTPException(400, "the request body (the file) is empty")
-    mime = xrpc.sniff_mime(data, content_type)
+    mime = blob_mime(data, content_type)
     if mime in IMAGE_TYPES:
         _check_size(len(data), MAX_IMAGE_BYTES, "an image")
         blob = await service.store.upload_blob(acct.did, data, mime)
-        return {"part": {"$type": f"{DEFS}#imagePart", "image": blob}}
+        return {"part": {"$type": IMAGE_PART, "image": blob}}
     _check_size(len(data), MAX_FILE_BYTES, "a file")
     blob = await service.store.upload_blob(acct.did, data, mime)
-    part: dict[str, Any] = {"$type": f"{DEFS}#filePart", "file": blob}
+    part: dict[str, Any] = {"$type": FILE_PART, "file": blob}
     if x_filename:
         # Non-ASCII names travel percent-encoded: HTTP headers are Latin-1.
         part["name"] = unquote(x_filename)[:1024]

@@ -15,10 +15,9 @@ bare 500. Clients can tell a lost claim from a failure without reading back.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -37,31 +36,23 @@ from daemon.auth import (
     load_secret,
 )
 from recordstore import keys
+from recordstore.lexicon import has_lexicon
+from recordstore.mime import OCTET_STREAM
+from recordstore.write import MAX_BLOB_BYTES, BlobRefError
 
 log = logging.getLogger("turnd.xrpc")
 
 __all__ = ["XrpcError", "router", "session_tokens"]
 
 SECRET_FILE = "xrpc-session.key"
-_CHAT_COLLECTIONS = [
-    recordstore.CONVERSATION_REF,
-    recordstore.INFO,
-    recordstore.MESSAGE,
-    recordstore.PREFERENCES,
-]
-# Image types the lexicon's imagePart accepts, by their magic bytes: the SDK's
-# uploadBlob sends ``Content-Type: */*``, so the type is sniffed as a PDS does.
-_MAGIC: list[tuple[bytes, int, str]] = [
-    (b"\x89PNG\r\n\x1a\n", 0, "image/png"),
-    (b"\xff\xd8\xff", 0, "image/jpeg"),
-    (b"GIF87a", 0, "image/gif"),
-    (b"GIF89a", 0, "image/gif"),
-    (b"WEBP", 8, "image/webp"),
-]
-
-
-_MIME_RE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*")
-MAX_BLOB_BYTES = 50_000_000  # the largest blob the chat lexicons allow (filePart.file)
+# getBlob's answer, as the reference PDS serves blobs: never rendered as a page of this
+# origin, never sniffed into something else.
+BLOB_HEADERS = {
+    "content-disposition": "attachment",
+    "x-content-type-options": "nosniff",
+    "content-security-policy": "default-src 'none'; sandbox",
+}
+SWAP_COMMIT = "swapCommit is not supported by this store"
 
 
 class XrpcError(Exception):
@@ -94,17 +85,6 @@ def session_tokens(state_path: Path | None, audience: str) -> SessionTokens:
     return SessionTokens(secret, audience)
 
 
-def sniff_mime(data: bytes, declared: str | None) -> str:
-    """The declared type, unless it says nothing, then the sniffed one."""
-    declared = (declared or "").split(";")[0].strip().lower()
-    if _MIME_RE.fullmatch(declared) and declared not in ("*/*", "application/octet-stream"):
-        return declared
-    for magic, offset, mime in _MAGIC:
-        if data[offset : offset + len(magic)] == magic and (offset == 0 or data[:4] == b"RIFF"):
-            return mime
-    return "application/octet-stream"
-
-
 # -- errors ----------------------------------------------------------------------------
 
 
@@ -121,6 +101,8 @@ def _validation_message(err: RequestValidationError) -> str:
 
 
 def _store_error(exc: recordstore.StoreError) -> XrpcError:
+    if isinstance(exc, BlobRefError):
+        return XrpcError(400, exc.error, str(exc))
     if isinstance(exc, recordstore.InvalidRecord):
         return XrpcError(400, "InvalidRecord", str(exc))
     if isinstance(exc, recordstore.InvalidSwap):
@@ -185,7 +167,7 @@ class CreateRecordInput(_Input):
     rkey: str | None = Field(default=None, max_length=512)
     validate_: bool | None = Field(default=None, alias="validate")
     record: dict[str, Any]
-    swapCommit: str | None = None  # accepted and ignored: the local store has no commits
+    swapCommit: str | None = None  # refused: the local store has no commits
 
 
 class PutRecordInput(_Input):
@@ -204,6 +186,48 @@ class DeleteRecordInput(_Input):
     rkey: str
     swapRecord: str | None = None
     swapCommit: str | None = None
+
+
+class _ApplyCreate(_Input):
+    type_: Literal["com.atproto.repo.applyWrites#create"] = Field(alias="$type")
+    collection: str
+    rkey: str | None = Field(default=None, max_length=512)
+    value: dict[str, Any]
+
+
+class _ApplyUpdate(_Input):
+    type_: Literal["com.atproto.repo.applyWrites#update"] = Field(alias="$type")
+    collection: str
+    rkey: str = Field(max_length=512)
+    value: dict[str, Any]
+
+
+class _ApplyDelete(_Input):
+    type_: Literal["com.atproto.repo.applyWrites#delete"] = Field(alias="$type")
+    collection: str
+    rkey: str = Field(max_length=512)
+
+
+class ApplyWritesInput(_Input):
+    repo: str
+    validate_: bool | None = Field(default=None, alias="validate")
+    writes: list[
+        Annotated[_ApplyCreate | _ApplyUpdate | _ApplyDelete, Field(discriminator="type_")]
+    ] = Field(max_length=200)
+    swapCommit: str | None = None
+
+
+@runtime_checkable
+class _LocalAbilities(Protocol):
+    """What the local store offers beyond RecordStore, which XRPC serves."""
+
+    async def blob_info(self, did: str, cid: str) -> tuple[str, int] | None: ...
+
+    async def collections(self, did: str) -> list[str]: ...
+
+    async def apply_writes(
+        self, did: str, writes: list[recordstore.Write]
+    ) -> list[recordstore.Record | None]: ...
 
 
 # -- the router --------------------------------------------------------------------------
@@ -227,8 +251,10 @@ def router(service: _Service, tokens: SessionTokens | None = None) -> APIRouter:
     r.add_api_route(f"/{repo}.getRecord", x.get_record, methods=["GET"])
     r.add_api_route(f"/{repo}.listRecords", x.list_records, methods=["GET"])
     r.add_api_route(f"/{repo}.describeRepo", x.describe_repo, methods=["GET"])
+    r.add_api_route(f"/{repo}.applyWrites", x.apply_writes, methods=["POST"])
     r.add_api_route(f"/{repo}.uploadBlob", x.upload_blob, methods=["POST"])
     r.add_api_route(f"/{sync}.getBlob", x.get_blob, methods=["GET"])
+    r.add_api_route("/com.atproto.identity.resolveHandle", x.resolve_handle, methods=["GET"])
     # Anything else is a method this server does not serve, as a PDS says it.
     r.add_api_route("/{nsid}", _not_implemented, methods=["GET", "POST"], include_in_schema=False)
     return r
@@ -246,6 +272,12 @@ class _Xrpc:
     @property
     def _store(self) -> recordstore.RecordStore:
         return self._service.store
+
+    def _local(self) -> _LocalAbilities:
+        store = self._service.store
+        if not isinstance(store, _LocalAbilities):  # XRPC is served for the local store only
+            raise XrpcError(501, "MethodNotImplemented", "Method Not Implemented")
+        return store
 
     # -- accounts and sessions ---------------------------------------------------------
 
@@ -338,7 +370,7 @@ class _Xrpc:
             "handle": account.handle,
             "did": account.did,
             "didDoc": _did_doc(account, str(request.base_url).rstrip("/")),
-            "collections": _CHAT_COLLECTIONS,
+            "collections": await self._local().collections(account.did),
             "handleIsCorrect": True,
         }
 
@@ -356,31 +388,79 @@ class _Xrpc:
 
     async def create_record(self, request: Request, body: CreateRecordInput) -> dict[str, Any]:
         did = self._writer(request, body.repo)
+        _no_swap_commit(body.swapCommit)
         collection = keys.validate_collection(body.collection)
+        status = _validation(collection, body.validate_)
         rkey = body.rkey if body.rkey is not None else keys.new_tid()
         space, key = keys.split_repo_rkey(rkey)
         value = _typed(body.record, collection)
         rec = await self._store.create_record(did, space, collection, key, value)
         await self._space(did, space)
-        return _write_result(rec, rkey)
+        return _write_result(rec, rkey, status)
 
     async def put_record(self, request: Request, body: PutRecordInput) -> dict[str, Any]:
         did = self._writer(request, body.repo)
+        _no_swap_commit(body.swapCommit)
         collection = keys.validate_collection(body.collection)
+        status = _validation(collection, body.validate_)
         space, key = keys.split_repo_rkey(body.rkey)
         value = _typed(body.record, collection)
-        rec = await self._store.put_record(
-            did, space, collection, key, value, swap_cid=body.swapRecord
-        )
+        if body.swapRecord is None and "swapRecord" in body.model_fields_set:
+            # An explicit null swap: the record must not exist yet (create-if-absent, as a
+            # PDS reads it); a missing field is an unconditional put.
+            try:
+                rec = await self._store.create_record(did, space, collection, key, value)
+            except recordstore.RecordExists:
+                found = await self._store.get_record(did, space, collection, key)
+                raise XrpcError(
+                    400, "InvalidSwap", f"Record was at {found.cid if found else 'null'}"
+                ) from None
+        else:
+            rec = await self._store.put_record(
+                did, space, collection, key, value, swap_cid=body.swapRecord
+            )
         await self._space(did, space)
-        return _write_result(rec, body.rkey)
+        return _write_result(rec, body.rkey, status)
 
     async def delete_record(self, request: Request, body: DeleteRecordInput) -> dict[str, Any]:
         did = self._writer(request, body.repo)
+        _no_swap_commit(body.swapCommit)
         collection = keys.validate_collection(body.collection)
         space, key = keys.split_repo_rkey(body.rkey)
         await self._store.delete_record(did, space, collection, key, swap_cid=body.swapRecord)
         return {}
+
+    async def apply_writes(self, request: Request, body: ApplyWritesInput) -> dict[str, Any]:
+        """Creates, updates and deletes in one transaction: all of them, or none."""
+        did = self._writer(request, body.repo)
+        _no_swap_commit(body.swapCommit)
+        writes: list[recordstore.Write] = []
+        statuses: list[str | None] = []
+        rkeys: list[str] = []
+        for w in body.writes:
+            collection = keys.validate_collection(w.collection)
+            rkey = w.rkey if w.rkey is not None else keys.new_tid()
+            space, key = keys.split_repo_rkey(rkey)
+            rkeys.append(rkey)
+            if isinstance(w, _ApplyDelete):
+                writes.append(recordstore.Write("delete", space, collection, key))
+                statuses.append(None)
+                continue
+            statuses.append(_validation(collection, body.validate_))
+            op: Literal["create", "update"] = "create" if isinstance(w, _ApplyCreate) else "update"
+            writes.append(
+                recordstore.Write(op, space, collection, key, _typed(w.value, collection))
+            )
+        records = await self._local().apply_writes(did, writes)
+        results: list[dict[str, Any]] = []
+        for w, rec, rkey, status in zip(writes, records, rkeys, statuses, strict=True):
+            if rec is None:
+                results.append({"$type": "com.atproto.repo.applyWrites#deleteResult"})
+                continue
+            await self._space(did, w.space)
+            result = _write_result(rec, rkey, status)
+            results.append({"$type": f"com.atproto.repo.applyWrites#{w.op}Result", **result})
+        return {"results": results}
 
     async def get_record(
         self,
@@ -438,8 +518,9 @@ class _Xrpc:
             raise XrpcError(400, "InvalidRequest", "Request body is empty")
         if len(data) > MAX_BLOB_BYTES:
             raise XrpcError(413, "PayloadTooLarge", f"blobs may be at most {MAX_BLOB_BYTES} bytes")
-        mime = sniff_mime(data, request.headers.get("content-type"))
-        blob = await self._store.upload_blob(did, data, mime)
+        # The store types the blob from its bytes (the declared type is the fallback) and
+        # answers the ref it stored.
+        blob = await self._store.upload_blob(did, data, request.headers.get("content-type", ""))
         return {"blob": blob}
 
     async def get_blob(
@@ -450,15 +531,22 @@ class _Xrpc:
             raise XrpcError(400, "RepoNotFound", f"Could not find repo for DID: {did}")
         self._reader(request, account)
         data = await self._store.get_blob(account.did, cid)
-        return Response(
-            data,
-            media_type=sniff_mime(data, None),
-            headers={
-                # As a PDS serves blobs: never rendered as a page of this origin.
-                "x-content-type-options": "nosniff",
-                "content-security-policy": "default-src 'none'; sandbox",
-            },
-        )
+        info = await self._local().blob_info(account.did, cid)
+        return Response(data, media_type=info[0] if info else OCTET_STREAM, headers=BLOB_HEADERS)
+
+    # -- identity ----------------------------------------------------------------------------
+
+    async def resolve_handle(self, handle: Annotated[str, Query()]) -> dict[str, Any]:
+        """The DID of a configured account's handle (the only handles this server knows)."""
+        if "." not in handle or handle.startswith("did:"):
+            raise XrpcError(
+                400, "InvalidRequest", f"Error: handle must be a valid handle: {handle}"
+            )
+        wanted = handle.lower()
+        for account in self._service.accounts:
+            if account.did and account.handle.lower() == wanted:
+                return {"did": account.did}
+        raise XrpcError(400, "InvalidRequest", "Unable to resolve handle")
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -476,13 +564,32 @@ def _typed(record: dict[str, Any], collection: str) -> dict[str, Any]:
     return record
 
 
-def _write_result(rec: recordstore.Record, rkey: str) -> dict[str, Any]:
-    return {
-        "uri": f"at://{rec.did}/{rec.collection}/{rkey}",
-        "cid": rec.cid,
-        # Every write is checked against turnd's lexicons before it is stored.
-        "validationStatus": "valid",
-    }
+def _no_swap_commit(swap_commit: str | None) -> None:
+    # The local store has records but no repo commits: a swap on one cannot hold.
+    if swap_commit is not None:
+        raise XrpcError(400, "InvalidRequest", SWAP_COMMIT)
+
+
+def _validation(collection: str, validate: bool | None) -> str | None:
+    """The ``validationStatus`` a write will answer, as a PDS decides it.
+
+    Every write is checked against turnd's lexicons whatever ``validate`` says (the
+    store holds only records turnd can read), so a collection turnd has a lexicon for
+    is ``valid``. Others get the data-model checks only: ``unknown``, or refused when
+    the client asked for validation.
+    """
+    if has_lexicon(collection):
+        return "valid"
+    if validate is True:
+        raise XrpcError(400, "InvalidRequest", f"Unknown lexicon type: {collection}")
+    return None if validate is False else "unknown"
+
+
+def _write_result(rec: recordstore.Record, rkey: str, status: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"uri": f"at://{rec.did}/{rec.collection}/{rkey}", "cid": rec.cid}
+    if status is not None:
+        out["validationStatus"] = status
+    return out
 
 
 def _did_doc(account: Any, endpoint: str) -> dict[str, Any]:

@@ -15,6 +15,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# The collection names, re-exported from the one vocabulary module.
+from recordstore.vocabulary import (
+    CONVERSATION,
+    CONVERSATION_REF,
+    INFO,
+    MESSAGE,
+    NSID,
+    PREFERENCES,
+    SETTINGS,
+    SETTINGS_SPACE,
+    SUMMARY,
+)
+
 __all__ = [
     "Change",
     "InvalidKey",
@@ -25,6 +38,7 @@ __all__ = [
     "RecordNotFound",
     "RecordStore",
     "StoreError",
+    "Write",
     "BlobNotFound",
     "CONVERSATION",
     "SETTINGS",
@@ -34,17 +48,9 @@ __all__ = [
     "PREFERENCES",
     "CONVERSATION_REF",
     "SUMMARY",
+    "NSID",
 ]
 
-NSID = "network.sharedcomputer.chat"
-CONVERSATION = f"{NSID}.conversation"  # space type of a conversation
-SETTINGS = f"{NSID}.settings"  # space type of the settings space
-SETTINGS_SPACE = "self"
-MESSAGE = f"{NSID}.message"
-INFO = f"{NSID}.info"
-PREFERENCES = f"{NSID}.preferences"
-CONVERSATION_REF = f"{NSID}.conversationRef"
-SUMMARY = f"{NSID}.summary"  # in a conversation, at the key of the last message it covers
 
 Op = Literal["create", "update", "delete"]
 
@@ -85,6 +91,17 @@ class Record:
     key: str
     cid: str
     value: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One write of a batch (``apply_writes``): ``value`` is None for a delete."""
+
+    op: Op
+    space: str
+    collection: str
+    key: str
+    value: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

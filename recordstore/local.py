@@ -19,7 +19,7 @@ import re
 import sqlite3
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,9 @@ from recordstore import (
     RecordExists,
     RecordStore,
     StoreError,
+    Write,
 )
-from recordstore.cid import blob_cid, record_cid
+from recordstore.cid import blob_cid
 from recordstore.files import private_dir, private_file
 from recordstore.keys import (
     repo_rkey,
@@ -47,12 +48,12 @@ from recordstore.keys import (
     validate_space_key,
 )
 from recordstore.lexicon import validate_record
+from recordstore.mime import blob_mime
+from recordstore.write import MAX_BLOB_BYTES, MAX_RECORD_BYTES, PreparedWrite, prepare_write
 
 __all__ = ["DB_NAME", "LocalStore", "MAX_BLOB_BYTES", "MAX_RECORD_BYTES"]
 
 DB_NAME = "store.sqlite3"
-MAX_RECORD_BYTES = 1_000_000  # what the reference PDS accepts as a record write body
-MAX_BLOB_BYTES = 50_000_000  # the largest blob the chat lexicons allow
 _APPLICATION_ID = 0x7475726E  # "turn": SQLite's header field for "which app owns this file"
 _SCHEMA_VERSION = 1
 _BUSY_TIMEOUT_MS = 10_000
@@ -230,15 +231,15 @@ class LocalStore(RecordStore):
         self, did: str, space: str, collection: str, key: str, value: dict[str, Any]
     ) -> Record:
         _check_address(did, space, collection, key)
-        value, cid, text = _prepare(collection, value)
+        w = await self.prepare(did, collection, value)
         try:
             await self._write(
                 f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?)",
-                (did, space, collection, key, cid, text),
+                (did, space, collection, key, w.cid, w.text),
             )
         except sqlite3.IntegrityError:
             raise RecordExists(f"{collection}/{space}:{key} already exists") from None
-        return Record(did, space, collection, key, cid, value)
+        return Record(did, space, collection, key, w.cid, w.value)
 
     async def put_record(
         self,
@@ -251,7 +252,8 @@ class LocalStore(RecordStore):
         swap_cid: str | None = None,
     ) -> Record:
         _check_address(did, space, collection, key)
-        value, cid, text = _prepare(collection, value)
+        w = await self.prepare(did, collection, value)
+        cid, text, value = w.cid, w.text, w.value
         if swap_cid is None:
             await self._write(
                 f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?)"
@@ -270,6 +272,67 @@ class LocalStore(RecordStore):
                 raise InvalidSwap(f"{collection}/{space}:{key} is not at {swap_cid}")
         return Record(did, space, collection, key, cid, value)
 
+    async def apply_writes(self, did: str, writes: Sequence[Write]) -> list[Record | None]:
+        """Several writes as one transaction: all of them happen, or none.
+
+        Creates are create-only (RecordExists), updates create or replace, deletes of an
+        absent record are no-ops; the result holds each write's record (None: a delete).
+        """
+        prepared: list[tuple[Write, PreparedWrite | None]] = []
+        for w in writes:
+            _check_address(did, w.space, w.collection, w.key)
+            p = None if w.op == "delete" else await self.prepare(did, w.collection, w.value or {})
+            prepared.append((w, p))
+        where = "did = ? AND space = ? AND collection = ? AND key = ?"
+        async with self._write_lock:
+            db = self._writer
+            try:
+                await db.execute("BEGIN IMMEDIATE")
+                try:
+                    for w, p in prepared:
+                        address = (did, w.space, w.collection, w.key)
+                        if p is None:
+                            await db.execute(f"DELETE FROM records WHERE {where}", address)
+                        elif w.op == "create":
+                            try:
+                                await db.execute(
+                                    f"INSERT INTO records ({_RECORD_COLS})"
+                                    " VALUES (?, ?, ?, ?, ?, ?)",
+                                    (*address, p.cid, p.text),
+                                )
+                            except sqlite3.IntegrityError:
+                                raise RecordExists(
+                                    f"{w.collection}/{w.space}:{w.key} already exists"
+                                ) from None
+                        else:
+                            await db.execute(
+                                f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?)"
+                                " ON CONFLICT (did, space, collection, key) DO UPDATE"
+                                " SET cid = excluded.cid, value = excluded.value"
+                                " WHERE cid IS NOT excluded.cid",
+                                (*address, p.cid, p.text),
+                            )
+                    await db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        await db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise StoreError(f"{self.db_path}: {e}") from e
+            self._bell.ring()
+        return [
+            None if p is None else Record(did, w.space, w.collection, w.key, p.cid, p.value)
+            for w, p in prepared
+        ]
+
+    async def collections(self, did: str) -> list[str]:
+        """The collections ``did`` has records in, sorted."""
+        validate_did(did)
+        rows = await self._read(
+            "SELECT DISTINCT collection FROM records WHERE did = ? ORDER BY collection", (did,)
+        )
+        return [r[0] for r in rows]
+
     async def delete_record(
         self, did: str, space: str, collection: str, key: str, *, swap_cid: str | None = None
     ) -> None:
@@ -287,22 +350,40 @@ class LocalStore(RecordStore):
             if await self._read(f"SELECT 1 FROM records WHERE {where}", params):
                 raise InvalidSwap(f"{collection}/{space}:{key} is not at {swap_cid}")
 
+    async def prepare(self, did: str, collection: str, value: dict[str, Any]) -> PreparedWrite:
+        """:func:`~recordstore.write.prepare_write` against ``did``'s blobs."""
+        return await prepare_write(collection, value, blobs=lambda cid: self._blob_info(did, cid))
+
+    async def _blob_info(self, did: str, cid: str) -> tuple[str, int] | None:
+        rows = await self._read(
+            "SELECT mime_type, size FROM blobs WHERE did = ? AND cid = ?", (did, cid)
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
     # --- blobs ------------------------------------------------------------------
 
     async def upload_blob(self, did: str, data: bytes, mime_type: str) -> dict[str, Any]:
+        """Store a blob; its type is the one its bytes show, else ``mime_type`` (as a PDS)."""
         validate_did(did)
-        if not isinstance(mime_type, str) or "/" not in mime_type:
-            raise StoreError(f"invalid blob mime type {mime_type!r}")
         if len(data) > MAX_BLOB_BYTES:
             raise StoreError(f"blob of {len(data)} bytes exceeds {MAX_BLOB_BYTES}")
+        mime_type = blob_mime(data, mime_type if isinstance(mime_type, str) else None)
         cid = blob_cid(data)
         await anyio.to_thread.run_sync(_write_file, self._blobs / cid, bytes(data))
+        # The latest upload's type wins, so the ref answered is always what is stored
+        # (the same bytes only differ in type when they have no signature).
         await self._write(
             "INSERT INTO blobs (did, cid, mime_type, size) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING",
+            " ON CONFLICT (did, cid) DO UPDATE SET mime_type = excluded.mime_type"
+            " WHERE mime_type IS NOT excluded.mime_type",
             (did, cid, mime_type, len(data)),
         )
         return {"$type": "blob", "ref": {"$link": cid}, "mimeType": mime_type, "size": len(data)}
+
+    async def blob_info(self, did: str, cid: str) -> tuple[str, int] | None:
+        """``(mime type, size)`` of ``did``'s blob ``cid``, or None."""
+        validate_did(did)
+        return await self._blob_info(did, cid)
 
     async def get_blob(self, did: str, cid: str) -> bytes:
         validate_did(did)
@@ -399,27 +480,6 @@ def _check_address(did: str, space: str, collection: str, key: str) -> None:
     validate_space_key(space)
     validate_collection(collection)
     validate_key(key)
-
-
-def _prepare(collection: str, value: dict[str, Any]) -> tuple[dict[str, Any], str, str]:
-    """Validate a record for writing; ``(value with $type, cid, JSON text)``."""
-    if not isinstance(value, dict):
-        raise InvalidRecord(f"a record must be a JSON object, got {type(value).__name__}")
-    record_type = value.get("$type")
-    if record_type is None:
-        # As a PDS does, before the CID is computed.
-        value = {"$type": collection, **value}
-    elif record_type != collection:
-        raise InvalidRecord(f"$type {record_type!r} does not match collection {collection!r}")
-    validate_record(collection, value)
-    try:
-        cid = record_cid(value)
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError) as e:
-        raise InvalidRecord(f"not atproto data: {e}") from None
-    if len(text) > MAX_RECORD_BYTES or len(text.encode()) > MAX_RECORD_BYTES:
-        raise InvalidRecord(f"record is larger than {MAX_RECORD_BYTES} bytes")
-    return value, cid, text
 
 
 def _record(row: Any) -> Record:

@@ -54,7 +54,6 @@ from recordstore import (
     RecordStore,
     StoreError,
 )
-from recordstore.cid import record_cid
 from recordstore.keys import (
     repo_rkey,
     validate_collection,
@@ -62,13 +61,12 @@ from recordstore.keys import (
     validate_key,
     validate_space_key,
 )
-from recordstore.lexicon import validate_record
+from recordstore.write import MAX_RECORD_BYTES, BlobRefError, prepare_write
 
 __all__ = ["MAX_RECORD_BYTES", "PdsAccount", "PdsStore", "open_pds_store"]
 
 log = logging.getLogger(__name__)
 
-MAX_RECORD_BYTES = 1_000_000  # what the reference PDS accepts as a record write body
 _PAGE = 100  # listRecords' largest page
 _TOKEN_ERRORS = {"ExpiredToken", "InvalidToken", "AuthenticationRequired", "AuthMissing"}
 # create_record: how often a write that left nothing behind is tried again, and how often
@@ -365,7 +363,9 @@ class PdsStore(RecordStore):
         self, did: str, space: str, collection: str, key: str, value: dict[str, Any]
     ) -> Record:
         rkey = _rkey(space, key)
-        value, cid, body = _prepare(collection, value)
+        # The PDS checks blob references itself (BlobNotFound, InvalidMimeType, ...).
+        w = await prepare_write(collection, value)
+        value, cid = w.value, w.cid
         payload = json.dumps(
             {"repo": did, "collection": collection, "rkey": rkey, "record": value},
             ensure_ascii=False,
@@ -422,7 +422,8 @@ class PdsStore(RecordStore):
         swap_cid: str | None = None,
     ) -> Record:
         rkey = _rkey(space, key)
-        value, cid, _ = _prepare(collection, value)
+        w = await prepare_write(collection, value)
+        value, cid = w.value, w.cid
         body: dict[str, Any] = {
             "repo": did,
             "collection": collection,
@@ -562,29 +563,6 @@ def _rkey(space: str, key: str) -> str:
     return repo_rkey(space, key)
 
 
-def _prepare(collection: str, value: dict[str, Any]) -> tuple[dict[str, Any], str, bytes]:
-    """Validate a record for writing: ``(value with $type, its CID, its JSON)``."""
-    validate_collection(collection)
-    if not isinstance(value, dict):
-        raise InvalidRecord(f"a record must be a JSON object, got {type(value).__name__}")
-    record_type = value.get("$type")
-    if record_type is None:
-        value = {"$type": collection, **value}  # as the PDS does, before the CID
-    elif record_type != collection:
-        raise InvalidRecord(f"$type {record_type!r} does not match collection {collection!r}")
-    validate_record(collection, value)
-    try:
-        cid = record_cid(value)
-        body = json.dumps(
-            value, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-        ).encode()
-    except (ValueError, TypeError) as e:
-        raise InvalidRecord(f"not atproto data: {e}") from None
-    if len(body) > MAX_RECORD_BYTES:
-        raise InvalidRecord(f"record is larger than {MAX_RECORD_BYTES} bytes")
-    return value, cid, body
-
-
 def _error_name(e: BaseException) -> str | None:
     response = getattr(e, "response", None)
     content = getattr(response, "content", None)
@@ -611,8 +589,15 @@ def _describe(e: BaseException) -> str:
     return " ".join(str(p) for p in parts if p)
 
 
+_BLOB_ERRORS = {"BlobNotFound", "InvalidMimeType", "InvalidSize"}
+
+
 def _store_error(e: BaseException, what: str) -> StoreError:
     response = getattr(e, "response", None)
+    name = _error_name(e)
+    if name in _BLOB_ERRORS:
+        content = getattr(response, "content", None)
+        return BlobRefError(str(name), str(getattr(content, "message", None) or name))
     if response is not None and response.status_code == 413:
         return InvalidRecord(f"{what}: too large for the PDS (413)")
     return StoreError(f"{what}: {_describe(e)}")

@@ -25,7 +25,8 @@ from typing import Any
 import anyio
 
 from recordstore import RecordStore, StoreError
-from turns.parts import FILE, IMAGE
+from recordstore.vocabulary import FILE_PART as FILE
+from recordstore.vocabulary import IMAGE_PART as IMAGE
 
 log = logging.getLogger("turnd.turns")
 

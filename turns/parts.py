@@ -11,16 +11,12 @@ import json
 import time
 from typing import Any
 
+from recordstore.vocabulary import REASONING_PART as REASONING
+from recordstore.vocabulary import SOURCE_PART as SOURCE
+from recordstore.vocabulary import TEXT_PART as TEXT
+from recordstore.vocabulary import TOOL_CALL_PART as TOOL_CALL
+from recordstore.vocabulary import TOOL_RESULT_PART as TOOL_RESULT
 from turns.streams import StreamBuffer
-
-DEFS = "network.sharedcomputer.chat.defs"
-TEXT = f"{DEFS}#textPart"
-REASONING = f"{DEFS}#reasoningPart"
-TOOL_CALL = f"{DEFS}#toolCallPart"
-TOOL_RESULT = f"{DEFS}#toolResultPart"
-SOURCE = f"{DEFS}#sourcePart"
-IMAGE = f"{DEFS}#imagePart"
-FILE = f"{DEFS}#filePart"
 
 _EVENT_TYPE = {
     TEXT: "text",

@@ -8,11 +8,12 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from recordstore import RecordStore
+from recordstore.vocabulary import FILE_PART as FILE
+from recordstore.vocabulary import IMAGE_PART as IMAGE
+from recordstore.vocabulary import PLAIN_CONTENT as PLAIN
 from turns.attachments import Attachments
-from turns.parts import FILE, IMAGE, REASONING, TEXT, TOOL_CALL, TOOL_RESULT
+from turns.parts import REASONING, TEXT, TOOL_CALL, TOOL_RESULT
 from turns.settings import DEFAULT_SYSTEM_PROMPT, TurnSettings
-
-PLAIN = "network.sharedcomputer.chat.defs#plainContent"
 
 
 def branch(messages: Mapping[str, dict[str, Any]], user_key: str) -> list[dict[str, Any]]:

@@ -9,8 +9,7 @@ from typing import Any
 
 from recordstore import MESSAGE, Change
 from recordstore.keys import parse_reply_key
-
-ENCRYPTED = "network.sharedcomputer.chat.defs#encryptedContent"
+from recordstore.vocabulary import ENCRYPTED_CONTENT as ENCRYPTED
 
 
 @dataclass(frozen=True, slots=True)
