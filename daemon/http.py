@@ -28,6 +28,7 @@ from starlette.middleware.cors import CORSMiddleware
 import recordstore
 from daemon import echo, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
+from daemon.conversations import router as conversations_api
 from daemon.deps import AccountDep, ConversationDep, ConversationKeyDep, ServiceDep
 from daemon.errors import install_error_handlers
 from daemon.hosts import HostCheck, own_names
@@ -69,11 +70,6 @@ class GenerationRequest(_Body):
     tools: list[str] | None = Field(default=None, max_length=64)
 
 
-class NewConversation(_Body):
-    title: str | None = Field(default=None, max_length=3000)
-    systemPrompt: str | None = Field(default=None, max_length=100_000)
-
-
 class NewMessage(_Body):
     parent: str | None = None
     # The parts are checked by the lexicon validator, which names the bad field.
@@ -104,6 +100,7 @@ def create_app(service: Any) -> FastAPI:
     )
     install_error_handlers(app)
     app.state.service = service
+    app.include_router(conversations_api)  # §15: create, list, rename, delete, events
     app.include_router(api)
     app.include_router(webui.router(service))  # /api/models, /api/render for the page
     _add_ops_routes(app, service)
@@ -120,7 +117,7 @@ def create_app(service: Any) -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "X-Filename", "Last-Event-ID"],
         )
     # Added last, so it runs first: a request for a foreign Host never reaches a body read.
@@ -182,21 +179,6 @@ class _StreamSource:
 
 
 api = APIRouter(prefix="/api", tags=["api"])
-
-
-@api.post("/conversations", status_code=201)
-async def create_conversation(
-    body: NewConversation, acct: AccountDep, service: ServiceDep
-) -> dict[str, str]:
-    skey = await service.engine.create_conversation(
-        acct.did, title=body.title, system_prompt=body.systemPrompt
-    )
-    return {"skey": skey}
-
-
-@api.get("/conversations")
-async def list_conversations(acct: AccountDep, service: ServiceDep) -> dict[str, Any]:
-    return {"conversations": await conversations.listing(service.store, acct.did)}
 
 
 @api.get("/conversations/{skey}")

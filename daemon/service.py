@@ -22,6 +22,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,6 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from daemon.config import ECHO, Account, Config, ConfigError, echo_provider
 from daemon.connections import AcceptErrorLog, guarded_protocol
+from daemon.events import EventHub
 from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore, StoreError
 
 log = logging.getLogger("turnd.service")
@@ -114,6 +116,7 @@ class Service:
         self._since_save = 0
         # Loaded now, so a bad plugin name is a config error before anything starts.
         self.plugins = _load_plugins(config.plugins)
+        self.events = EventHub()  # the page's live record events (SPEC §15, §17)
 
     # -- credentials (the HTTP app and XRPC call these) ------------------------------------
 
@@ -230,6 +233,7 @@ class Service:
                 self.config.default_model,
                 self.plugins,
                 user_tools=_UserTools(self),
+                cache_dir=_derivatives_dir(self.config),
                 **_engine_extras(TurnEngine, self.registry),
             )
             await stack.enter_async_context(self.engine)
@@ -317,6 +321,7 @@ class Service:
 
     async def _handle(self, change: Change) -> None:
         owners = self.owners()
+        self.events.publish(change, owners)
         for attempt in range(1, CHANGE_RETRIES + 1):
             try:
                 await self.engine.on_change(change, owners)
@@ -388,6 +393,12 @@ class _UserTools(Mapping[str, list[str]]):
 
     def __len__(self) -> int:
         return len(self._table())
+
+
+def _derivatives_dir(config: Config) -> Path:
+    """Image derivatives (turns.attachments): in the data directory, by CID."""
+    base = config.store_path if config.store_kind == "local" else config.state_path.parent
+    return base / "derivatives"
 
 
 def _load_plugins(names: list[str]) -> Any:

@@ -116,6 +116,7 @@ class LocalStore(RecordStore):
         self._write_lock = anyio.Lock()
         self._poll_interval = poll_interval
         self._bell = _bell_for(self.db_path)
+        self._casefold_ready = False
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, poll_interval: float = 0.2) -> _Opening:
@@ -397,6 +398,66 @@ class LocalStore(RecordStore):
         except FileNotFoundError:
             raise BlobNotFound(f"blob {cid} is indexed but its file is missing") from None
 
+    async def blob_in_use(self, did: str, cid: str) -> bool:
+        """recordstore.abilities.BlobCollector: a record of ``did`` naming ``cid``."""
+        validate_did(did)
+        rows = await self._read(
+            "SELECT 1 FROM records WHERE did = ? AND instr(value, ?) > 0 LIMIT 1",
+            (did, f'"$link":"{cid}"'),
+        )
+        return bool(rows)
+
+    async def delete_blob(self, did: str, cid: str) -> None:
+        validate_did(did)
+        if not isinstance(cid, str) or _CID_RE.match(cid) is None:
+            raise BlobNotFound(f"no blob {cid!r}")
+        await self._write("DELETE FROM blobs WHERE did = ? AND cid = ?", (did, cid))
+        if not await self._read("SELECT 1 FROM blobs WHERE cid = ? LIMIT 1", (cid,)):
+            await anyio.to_thread.run_sync(_unlink, self._blobs / cid)
+
+    async def newest(
+        self,
+        did: str,
+        space: str,
+        collection: str,
+        fields: Sequence[str],
+        *,
+        order: str,
+        limit: int,
+        before: tuple[str, str] | None = None,
+        match: tuple[str, str] | None = None,
+    ) -> list[tuple[str | None, ...]]:
+        """recordstore.abilities.NewestFirst: one query, sorted and cut in SQLite."""
+        validate_did(did)
+        validate_space_key(space)
+        validate_collection(collection)
+        for name in (*fields, order, *(match[:1] if match else ())):
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", name):
+                raise ValueError(f"not a top-level field name: {name!r}")
+        columns = "".join(f", json_extract(value, '$.{name}')" for name in fields)
+        ordering = f"coalesce(json_extract(value, '$.{order}'), '')"
+        sql = f"SELECT key{columns} FROM records WHERE did = ? AND space = ? AND collection = ?"
+        params: list[Any] = [did, space, collection]
+        if before is not None:
+            sql += f" AND ({ordering}, key) < (?, ?)"
+            params += list(before)
+        if match is not None:
+            await self._casefold()
+            sql += f" AND instr(turnd_casefold(json_extract(value, '$.{match[0]}')), ?) > 0"
+            params.append(match[1].casefold())
+        sql += f" ORDER BY {ordering} DESC, key DESC LIMIT ?"
+        params.append(limit)
+        rows = await self._read(sql, params)
+        return [tuple(v if isinstance(v, str) else None for v in row) for row in rows]
+
+    async def _casefold(self) -> None:
+        if not self._casefold_ready:
+            # Python's casefold, so a search matches "É" with "é" as the page shows them.
+            await self._reader.create_function(
+                "turnd_casefold", 1, _casefold, deterministic=True
+            )
+            self._casefold_ready = True
+
     # --- the change feed ----------------------------------------------------------
 
     async def changes(self, cursor: str | None = None) -> AsyncIterator[Change]:
@@ -532,6 +593,17 @@ def _make_data_dir(path: Path) -> Path:
     except OSError as e:
         raise StoreError(f"{root / DB_NAME}: cannot create ({e.strerror})") from None
     return root
+
+
+def _casefold(value: Any) -> str | None:
+    return value.casefold() if isinstance(value, str) else None
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _write_file(path: Path, data: bytes) -> None:

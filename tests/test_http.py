@@ -65,7 +65,7 @@ async def test_conversation_lifecycle(tmp_path: Path, fake_model: FakeModel) -> 
 
         # Bob sees none of it.
         async with dm.client(BOB_TOKEN) as bob:
-            assert (await bob.get("/api/conversations")).json() == {"conversations": []}
+            assert (await bob.get("/api/conversations")).json() == {"conversations": [], "cursor": None}
 
 
 async def test_cancel(tmp_path: Path, fake_model: FakeModel) -> None:

@@ -260,3 +260,12 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:  # a cache that cannot be written only costs time
         log.warning("could not cache an image derivative at %s: %s", path, exc)
+
+
+def forget(cache_dir: Path | None, cids: Sequence[str] | set[str]) -> None:
+    """Remove the cached derivatives of deleted blobs."""
+    if cache_dir is None:
+        return
+    for cid in cids:
+        for path in cache_dir.glob(f"{cid}-*"):
+            path.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ from recordstore import (
     StoreError,
 )
 from recordstore.keys import parse_reply_key, reply_key
-from turns import conversations, records, triggers
+from turns import attachments, conversations, manage, records, triggers
 from turns.metrics import TurnMetrics
 from turns.models import Clients
 from turns.ratelimit import RateLimiter
@@ -232,6 +232,27 @@ class TurnEngine:
         turn.cancel()
         return True
 
+    async def delete_conversation(self, did: str, skey: str) -> set[str]:
+        """Stop the conversation's turns and title, then delete it (``turns.manage.delete``).
+
+        A queued turn claims nothing; a running one ends ``cancelled`` and is written
+        before the records go, so nothing of it is written after the delete.
+        """
+        self.titles.cancel(did, skey)
+        with anyio.move_on_after(60):
+            while starts := [
+                start for a, start in self._starts.items() if a.did == did and a.skey == skey
+            ]:
+                for address, turn in list(self._running.items()):
+                    if address.did == did and address.skey == skey:
+                        turn.stop() if turn.queued else turn.cancel()
+                # A turn still loading enters the running set in a moment: look again.
+                with anyio.move_on_after(0.05):
+                    await starts[0].finished.wait()
+        deleted = await manage.delete(self._store, did, skey)
+        await anyio.to_thread.run_sync(attachments.forget, self._cache_dir, deleted)
+        return deleted
+
     def stream(self, did: str, skey: str, reply: str) -> StreamBuffer | None:
         return self._streams.get(did, skey, reply)
 
@@ -308,6 +329,7 @@ class TurnEngine:
             log.exception("turn %s/%s failed before it could finish", address.skey, address.reply)
         finally:
             start.set(None)
+            start.finished.set()
             self._starts.pop(address, None)
             self._active -= 1
             if self._active == 0:

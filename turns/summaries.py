@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import openai
 
 from recordstore import SUMMARY, RecordStore, StoreError
+from recordstore.times import now_iso
 
 log = logging.getLogger("turnd.turns")
 
@@ -29,9 +29,6 @@ _INSTRUCTIONS = (
     "short paragraphs, in the conversation's language."
 )
 
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def transcript(messages: Sequence[dict[str, Any]], limit: int) -> str:
@@ -132,7 +129,7 @@ class BranchSummaries:
             "covers": covers,
             "text": text,
             "model": dict(self._model),
-            "createdAt": _now(),
+            "createdAt": now_iso(),
         }
         try:
             await self._store.put_record(self._did, self._skey, SUMMARY, covers, record)

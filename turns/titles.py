@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import openai
 
-from recordstore import INFO, InvalidSwap, RecordExists, RecordStore, StoreError
+from recordstore import INFO, MESSAGE, InvalidSwap, RecordExists, RecordStore, StoreError
+from recordstore.times import now_iso
 from turns.models import Clients, ModelResolutionError, parse_model
 from turns.parts import TEXT
 from turns.settings import TurnSettings
@@ -34,9 +34,6 @@ _INSTRUCTIONS = (
     "language. Answer with the title alone: no quotes, no final period."
 )
 
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def wanted(
@@ -129,7 +126,7 @@ class Titles:
             with scope, anyio.move_on_after(TITLE_TIMEOUT):
                 title = await self._ask(settings, model, user_message, reply)
                 if title:
-                    await self._write(did, skey, title)
+                    await self._write(did, skey, title, reply.get("parent"))
         except Exception:
             log.exception("title generation failed for %s", skey)
         finally:
@@ -167,12 +164,17 @@ class Titles:
         text = response.choices[0].message.content if response.choices else None
         return clean(text) if isinstance(text, str) else None
 
-    async def _write(self, did: str, skey: str, title: str) -> None:
+    async def _write(self, did: str, skey: str, title: str, user_key: Any) -> None:
         for _ in range(3):
             info = await self._store.get_record(did, skey, INFO, "self")
+            if info is None and (
+                not isinstance(user_key, str)
+                or await self._store.get_record(did, skey, MESSAGE, user_key) is None
+            ):
+                return  # deleted meanwhile: nothing to title
             if info is not None and isinstance(info.value.get("title"), str) and info.value["title"]:
                 return  # a title arrived meanwhile (the user's, or another turn's): it wins
-            value = dict(info.value) if info else {"$type": INFO, "createdAt": _now()}
+            value = dict(info.value) if info else {"$type": INFO, "createdAt": now_iso()}
             value.update(title=title, titleSource="generated")
             try:
                 if info is None:

@@ -77,6 +77,7 @@ class Start:
 
     def __init__(self) -> None:
         self.done = anyio.Event()
+        self.finished = anyio.Event()  # the turn has ended (its final record is written)
         self.result: str | None = None
 
     def set(self, result: str | None) -> None:

@@ -1,0 +1,143 @@
+"""Live record events for the page (SPEC §15, §17), fed by the change feed.
+
+Every change the daemon's feed handles becomes, for its conversation,
+``record {action, collection, key, cid}`` (and ``title {title, titleSource}`` when
+the info's title changes), and for the account ``conversation {action, skey,
+title}``. Whoever wrote the record — this daemon, another one, a stock atproto
+client — the page hears of it, without polling.
+
+Each log keeps its last 1000 events, so ``Last-Event-ID`` resumes within them.
+Event ids grow across the whole process and start from the clock, so an id from
+before a restart is still older than every new one. Logs of conversations nobody
+follows are dropped least-recently-used first (at most ``MAX_CONVERSATIONS``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
+
+import anyio
+
+from recordstore import CONVERSATION_REF, INFO, SETTINGS_SPACE, Change
+
+KEEP = 1000  # events per log
+MAX_CONVERSATIONS = 128  # conversation logs kept for resuming
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    event: str
+    data: str  # JSON
+
+
+class EventLog:
+    def __init__(self) -> None:
+        self.events: deque[Event] = deque(maxlen=KEEP)
+        self._changed = anyio.Event()
+        self.followers = 0
+        self.title: tuple[str | None, str | None] | None = None  # the last title event
+
+    def append(self, event: Event) -> None:
+        self.events.append(event)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def follow(self, after: int, *, idle: float) -> AsyncIterator[list[Event]]:
+        """Batches of the events after ``after``, then live ones; ``[]`` after ``idle`` s quiet."""
+        self.followers += 1
+        try:
+            while True:
+                waiter = self._changed
+                batch = [e for e in self.events if e.id > after] if self.events else []
+                if batch:
+                    after = batch[-1].id
+                    yield batch
+                    continue
+                with anyio.move_on_after(idle) as scope:
+                    await waiter.wait()
+                if scope.cancelled_caught:
+                    yield []
+        finally:
+            self.followers -= 1
+
+
+class EventHub:
+    def __init__(self) -> None:
+        self._ids = time.time_ns() // 1000  # ids keep growing across a restart
+        self._conversations: OrderedDict[tuple[str, str], EventLog] = OrderedDict()
+        self._accounts: dict[str, EventLog] = {}
+
+    def conversation(self, did: str, skey: str) -> EventLog:
+        log = self._conversations.get((did, skey))
+        if log is None:
+            log = self._conversations[(did, skey)] = EventLog()
+            self._trim()
+        else:
+            self._conversations.move_to_end((did, skey))
+        return log
+
+    def account(self, did: str) -> EventLog:
+        log = self._accounts.get(did)
+        if log is None:
+            log = self._accounts[did] = EventLog()
+        return log
+
+    def _trim(self) -> None:
+        while len(self._conversations) > MAX_CONVERSATIONS:
+            for address, log in self._conversations.items():
+                if not log.followers:
+                    del self._conversations[address]
+                    break
+            else:
+                return  # all followed: keep them
+
+    def _event(self, log: EventLog, name: str, data: dict[str, object]) -> None:
+        self._ids += 1
+        log.append(Event(self._ids, name, json.dumps(data, ensure_ascii=False)))
+
+    def publish(self, change: Change, accounts: Collection[str]) -> None:
+        """One change of the store, for the accounts this daemon serves."""
+        if change.did not in accounts:
+            return
+        if change.space == SETTINGS_SPACE:
+            if change.collection == CONVERSATION_REF and change.op != "delete":
+                self._conversation_event(change, "update", change.key)
+            return
+        log = self.conversation(change.did, change.space)
+        self._event(
+            log,
+            "record",
+            {
+                "action": change.op,
+                "collection": change.collection,
+                "key": change.key,
+                "cid": change.cid,
+            },
+        )
+        if change.collection != INFO:
+            return
+        record = change.record if change.op != "delete" else None
+        title = record.get("title") if record else None
+        source = record.get("titleSource") if record else None
+        state = (
+            title if isinstance(title, str) else None,
+            source if isinstance(source, str) else None,
+        )
+        if state != log.title and (log.title is not None or state[0] is not None):
+            self._event(log, "title", {"title": state[0], "titleSource": state[1]})
+        log.title = state
+        self._conversation_event(change, change.op, change.space)
+
+    def _conversation_event(self, change: Change, action: str, skey: str) -> None:
+        record = change.record or {}
+        title = record.get("title") if action != "delete" else None
+        self._event(
+            self.account(change.did),
+            "conversation",
+            {"action": action, "skey": skey, "title": title if isinstance(title, str) else None},
+        )

@@ -1,0 +1,47 @@
+"""Optional store abilities, as Protocols: what one backend does better than the interface.
+
+Callers check with ``isinstance(store, Ability)`` and fall back to the plain
+:class:`recordstore.RecordStore` operations when a backend lacks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["BlobCollector", "NewestFirst"]
+
+
+@runtime_checkable
+class NewestFirst(Protocol):
+    """One page of a collection's records ordered by a field, newest first, in one read."""
+
+    async def newest(
+        self,
+        did: str,
+        space: str,
+        collection: str,
+        fields: Sequence[str],
+        *,
+        order: str,
+        limit: int,
+        before: tuple[str, str] | None = None,
+        match: tuple[str, str] | None = None,
+    ) -> list[tuple[str | None, ...]]:
+        """``(key, *fields)`` of up to ``limit`` records by ``(order field, key)`` descending,
+        strictly before ``before``; ``match = (field, text)`` keeps records whose field
+        contains ``text``, case-insensitively. A missing or non-string field is None."""
+        ...
+
+
+@runtime_checkable
+class BlobCollector(Protocol):
+    """Blobs a backend keeps itself (a PDS collects unreferenced blobs on its own)."""
+
+    async def blob_in_use(self, did: str, cid: str) -> bool:
+        """Whether any record of ``did`` still references the blob ``cid``."""
+        ...
+
+    async def delete_blob(self, did: str, cid: str) -> None:
+        """Forget ``did``'s blob ``cid`` (its bytes go once no account holds it)."""
+        ...
