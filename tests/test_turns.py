@@ -244,7 +244,17 @@ async def test_model_resolution_follows_request_then_last_completed_reply_then_p
         # Then the last completed reply up the branch wins over preferences.
         d = await kit.engine.post_message(DID, skey, parent=c.reply_key, parts=[text_part("4")], generation={})
         assert (await kit.reply(skey, d.reply_key))["model"]["id"] == "asked"
-        assert [r.json["model"] for r in fake.chat_requests] == ["fake-model", "pref-model", "asked", "asked"]
+        # A reply that did not complete is passed over, whatever model it names.
+        e = await kit.engine.post_message(DID, skey, parent=d.reply_key, parts=[text_part("5")], generation=None)
+        await kit.store.create_record(DID, skey, MESSAGE, f"{e.user_key}.r0", {
+            "$type": MESSAGE, "role": "assistant", "parent": e.user_key, "status": "error",
+            "error": "broken", "model": {"provider": "other", "id": "failed-model"},
+            "content": {"$type": "network.sharedcomputer.chat.defs#plainContent", "parts": []},
+            "createdAt": iso(timedelta()),
+        })
+        f = await kit.engine.post_message(DID, skey, parent=f"{e.user_key}.r0", parts=[text_part("6")], generation={})
+        assert (await kit.reply(skey, f.reply_key))["model"]["id"] == "asked"
+        assert [r.json["model"] for r in fake.chat_requests] == ["fake-model", "pref-model", "asked", "asked", "asked"]
 
 
 async def test_prompt_contains_only_the_branch_with_custom_instructions_and_system_prompt_as_instructions(tmp_path, fake):
@@ -505,13 +515,14 @@ async def test_a_turn_past_the_timeout_is_cancelled(tmp_path, fake):
 
 
 async def test_a_final_record_over_900_kb_moves_the_largest_tool_outputs_into_output_blobs(tmp_path, fake):
-    big = "x" * 400_000
+    # Three outputs of different sizes, 1 MB together: moving the largest alone is enough.
+    sizes = {"a": 300_000, "b": 500_000, "c": 200_000}
 
     async def large(args: dict[str, Any], ctx: Any) -> str:
-        return big + args.get("n", "")
+        return args["n"] * sizes[args["n"]]
 
     fake.push(
-        Reply.tool_calls([ToolCall("large", {"n": str(i)}, id=f"c{i}") for i in range(3)]),
+        Reply.tool_calls([ToolCall("large", {"n": n}, id=f"c{n}") for n in sizes]),
         Reply.text("done"),
     )
     plugin = Plugin("p", tools=[Tool("large", "d", {}, large)])
@@ -524,9 +535,10 @@ async def test_a_final_record_over_900_kb_moves_the_largest_tool_outputs_into_ou
         assert final["status"] == "complete"
         results = [p for p in final["content"]["parts"] if p["$type"].endswith("toolResultPart")]
         moved = [r for r in results if "outputBlob" in r]
-        assert 1 <= len(moved) < 3
+        assert [r["callId"] for r in moved] == ["cb"]
         blob = await kit.store.get_blob(DID, moved[0]["outputBlob"]["ref"]["$link"])
-        assert blob.decode().startswith(big) and len(moved[0]["output"]) < 300
+        assert blob.decode() == "b" * 500_000 and len(moved[0]["output"]) < 300
+        assert [r["output"] for r in results if r["callId"] != "cb"] == ["a" * 300_000, "c" * 200_000]
         assert len(json.dumps(final)) < 900_000
 
 

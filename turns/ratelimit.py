@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 import anyio
 
 
 class RateLimiter:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        # The clock is injectable so a test can let the minute pass without waiting it.
+        self._clock = clock
         self._starts: dict[str, deque[float]] = {}
         self._lock: dict[str, anyio.Lock] = {}
         self.waiting = 0
@@ -21,7 +24,7 @@ class RateLimiter:
         return starts
 
     def try_acquire(self, user: str, per_minute: int) -> bool:
-        now = time.monotonic()
+        now = self._clock()
         starts = self._window(user, now)
         if len(starts) < per_minute and not self._lock_held(user):
             starts.append(now)
@@ -39,7 +42,7 @@ class RateLimiter:
         try:
             async with lock:
                 while True:
-                    now = time.monotonic()
+                    now = self._clock()
                     starts = self._window(user, now)
                     if len(starts) < per_minute:
                         starts.append(now)

@@ -1,0 +1,76 @@
+"""turns.streams: numbered buffers, replay then live, resume after an id (Last-Event-ID)."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from turns.streams import StreamBuffer, StreamRegistry
+
+pytestmark = pytest.mark.anyio
+
+
+async def _all(buffer: StreamBuffer, after: int = 0) -> list[tuple[int, str, dict]]:
+    with anyio.fail_after(5):
+        return [(e.id, e.event, json.loads(e.data)) async for e in buffer.events(after)]
+
+
+async def test_events_are_numbered_from_one_and_replayed_whole() -> None:
+    buffer = StreamBuffer()
+    for i in range(3):
+        buffer.publish("delta", {"i": i})
+    buffer.publish("status", {"status": "complete"})
+    buffer.close()
+    events = await _all(buffer)
+    assert [e[0] for e in events] == [1, 2, 3, 4]
+    assert events[0] == (1, "delta", {"i": 0}) and events[-1][1] == "status"
+    assert buffer.last_id == 4 and buffer.done
+    assert await _all(buffer) == events  # a second subscriber gets the same
+
+
+@pytest.mark.parametrize("after", [0, 1, 2, 3, 4, 9])
+async def test_resume_sends_exactly_the_events_after_the_last_seen_id(after: int) -> None:
+    buffer = StreamBuffer()
+    for i in range(4):
+        buffer.publish("delta", {"i": i})
+    buffer.close()
+    assert [e[0] for e in await _all(buffer, after)] == list(range(after + 1, 5))
+
+
+async def test_a_subscriber_gets_live_events_then_the_end() -> None:
+    buffer = StreamBuffer()
+    buffer.publish("part-start", {})
+    seen: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def read() -> None:
+            async for event in buffer.events(1):  # resumed after the first
+                seen.append(event.id)
+
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()
+        buffer.publish("delta", {"text": "a"})
+        await anyio.wait_all_tasks_blocked()
+        assert seen == [2]
+        buffer.publish("status", {"status": "complete"})
+        buffer.close()
+    assert seen == [2, 3]
+
+
+async def test_nothing_is_published_after_close() -> None:
+    buffer = StreamBuffer()
+    buffer.close()
+    buffer.publish("delta", {"text": "late"})
+    assert buffer.last_id == 0 and await _all(buffer) == []
+
+
+async def test_the_registry_reopens_a_finished_reply_with_a_fresh_buffer() -> None:
+    registry = StreamRegistry()
+    first = registry.open("did:plc:a", "s", "k.r0")
+    assert registry.open("did:plc:a", "s", "k.r0") is first  # still running: the same
+    first.close()
+    second = registry.open("did:plc:a", "s", "k.r0")
+    assert second is not first and registry.get("did:plc:a", "s", "k.r0") is second
+    assert registry.get("did:plc:a", "s", "other") is None
