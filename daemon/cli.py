@@ -356,7 +356,36 @@ async def _send(
         return _fail(f"no final reply at {reply} after {args.timeout:g}s")
     if status != "complete":
         return _fail(f"the reply ended in {status}" + (f": {error}" if error else ""))
+    if args.conversation is None and config.settings().title_model != "":
+        await _print_title(repo, did, skey)
     return EXIT_OK
+
+
+TITLE_WAIT = 10.0  # seconds a new conversation's generated title is waited for
+
+
+async def _print_title(repo: Any, did: str, skey: str) -> None:
+    """The title turnd generates after the first reply (SPEC §15), when it arrives."""
+    from recordstore import INFO, PREFERENCES, SETTINGS_SPACE
+    from recordstore.keys import repo_rkey
+
+    async def read(collection: str, rkey: str) -> dict[str, Any] | None:
+        try:
+            got = await repo.get_record({"repo": did, "collection": collection, "rkey": rkey})
+        except Exception:  # noqa: BLE001 - missing or unreadable: no title to print
+            return None
+        return _value(got)
+
+    preferences = await read(PREFERENCES, repo_rkey(SETTINGS_SPACE, "self")) or {}
+    if preferences.get("generateTitles") is False:
+        return
+    with anyio.move_on_after(TITLE_WAIT):
+        while True:
+            info = await read(INFO, repo_rkey(skey, "self")) or {}
+            if isinstance(info.get("title"), str) and info["title"]:
+                print(f"turnd: title {info['title']!r}", file=sys.stderr, flush=True)
+                return
+            await anyio.sleep(0.02)
 
 
 def _text_part(text: str) -> dict[str, Any]:

@@ -139,6 +139,10 @@ def test_serve_on_embedded_defaults_then_send_hello(tmp_path: Path, serve: Any) 
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout == "Echo: hello\n"
     skey = re.search(r"conversation (\S+)", sent.stderr).group(1)  # type: ignore[union-attr]
+    # The title generated after the first reply (by the echo: the default title model is
+    # the turn's own) is printed when it arrives.
+    title = re.search(r"^turnd: title '(.+)'$", sent.stderr, re.M)
+    assert title and "hello" in title.group(1), sent.stderr
 
     # a second message continues the branch: its parent is the first reply
     again = turnd("send", "--conversation", skey, "and again", cwd=work, env=env)
