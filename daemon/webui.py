@@ -15,17 +15,18 @@ Content-Security-Policy: no inline script or style, everything from this origin.
 
 # No "from __future__ import annotations": FastAPI reads the route annotations below.
 
-from html import escape
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter
-from markdown_it import MarkdownIt
+from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from daemon.deps import AccountDep
+from daemon.markdown import render_markdown
+from daemon.render import MAX_RENDER_BYTES, RenderTooComplex, render_off_loop
 
 __all__ = ["CSP", "render_markdown", "router", "static_files"]
 
@@ -53,43 +54,11 @@ _PAGE_HEADERS = [
 MAX_RENDER_TEXTS = 200
 
 
-def _markdown() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
-    md.enable(["table", "strikethrough"])
-
-    def image(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
-        # Never fetched by the page: a link the reader may open on purpose.
-        token = tokens[idx]
-        src = md.normalizeLink(token.attrGet("src") or "")
-        alt = "".join(child.content for child in token.children or ()) or "image"
-        if not md.validateLink(src):
-            return escape(f"[image: {alt}]")
-        return (
-            f'<a class="md-image" href="{escape(src)}" target="_blank" '
-            f'rel="noopener noreferrer nofollow">{escape(f"Image: {alt}")} (open)</a>'
-        )
-
-    def link_open(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
-        tokens[idx].attrSet("target", "_blank")
-        tokens[idx].attrSet("rel", "noopener noreferrer nofollow")
-        return renderer.renderToken(tokens, idx, options, env)
-
-    md.add_render_rule("image", image)
-    md.add_render_rule("link_open", link_open)
-    return md
-
-
-_MD = _markdown()
-
-
-def render_markdown(text: str) -> str:
-    """Safe HTML for one text part: no raw HTML, no auto-loaded images, safe links only."""
-    return _MD.render(text)
-
-
 class RenderBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    texts: list[Annotated[str, Field(max_length=500_000)]] = Field(max_length=MAX_RENDER_TEXTS)
+    texts: list[Annotated[str, Field(max_length=MAX_RENDER_BYTES)]] = Field(
+        max_length=MAX_RENDER_TEXTS
+    )
 
 
 def router(service: Any) -> APIRouter:
@@ -101,8 +70,16 @@ def router(service: Any) -> APIRouter:
         return {"models": list_models(service.config), "default": service.config.default_model}
 
     @api.post("/render")
-    async def render(body: RenderBody, acct: AccountDep) -> dict[str, list[str]]:
-        return {"html": [render_markdown(t) for t in body.texts]}
+    async def render(body: RenderBody, acct: AccountDep) -> Any:
+        size = sum(len(t.encode()) for t in body.texts)
+        if size > MAX_RENDER_BYTES:
+            raise HTTPException(
+                413, f"texts of {size} bytes in all; at most {MAX_RENDER_BYTES} bytes"
+            )
+        try:
+            return {"html": await render_off_loop(body.texts)}
+        except RenderTooComplex as err:
+            return JSONResponse({"error": "TooComplex", "message": str(err)}, status_code=422)
 
     return api
 

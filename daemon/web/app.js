@@ -46,6 +46,23 @@ function h(tag, attrs = {}, ...children) {
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Links open only http:, https: and mailto: URLs (SPEC §12): a sourcePart's url comes
+// from a model or a tool, and javascript:/data: would run in or replace this page.
+const SAFE_PROTOCOLS = new Set(['http:', 'https:', 'mailto:']);
+function safeHref(url) {
+  try {
+    return SAFE_PROTOCOLS.has(new URL(String(url), window.location.href).protocol) ? String(url) : null;
+  } catch {
+    return null;
+  }
+}
+function sourceLink(part) {
+  const href = safeHref(part.url);
+  const text = part.title || part.url || 'source';
+  if (!href) return h('span', { class: 'source-unsafe', text: `${text} (link not opened: ${String(part.url).slice(0, 80)})` });
+  return h('a', { href, target: '_blank', rel: 'noopener noreferrer nofollow', text });
+}
 const attemptOf = (key) => Number((/\.r(\d+)$/.exec(key) || [0, -1])[1]);
 const replyKey = (userKey, attempt) => `${userKey}.r${attempt}`;
 const isReply = (m) => m.value.role === 'assistant';
@@ -450,7 +467,7 @@ function renderPart(p, key, i) {
         h('pre', { text: p.part ? (pretty(p.part.output) || (p.part.outputBlob ? '(output stored as a blob)' : '')) : '' })));
     }
     case 'source':
-      return wrap(p.part ? h('a', { href: p.part.url, target: '_blank', rel: 'noopener noreferrer nofollow', text: p.part.title || p.part.url }) : 'Source…');
+      return wrap(p.part ? sourceLink(p.part) : 'Source…');
     case 'image':
       return wrap(h('span', { class: 'chip', text: `Image: ${p.part.alt || 'image'} (${p.part.image?.mimeType || 'image'})` }));
     case 'file':
