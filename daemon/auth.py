@@ -71,6 +71,7 @@ class SessionClaims:
     did: str
     scope: str
     jti: str | None
+    sid: str | None = None  # the login session the token belongs to (SPEC §12)
 
 
 def bearer_token(conn: HTTPConnection) -> str | None:
@@ -124,7 +125,17 @@ class SessionTokens:
         self.audience = audience
         self._ttl = {ACCESS_SCOPE: access_ttl, REFRESH_SCOPE: refresh_ttl}
 
-    def issue(self, did: str, scope: Scope) -> str:
+    @property
+    def secret(self) -> bytes:
+        return self._secret
+
+    @property
+    def refresh_ttl(self) -> int:
+        return self._ttl[REFRESH_SCOPE]
+
+    def issue(
+        self, did: str, scope: Scope, *, sid: str | None = None, jti: str | None = None
+    ) -> str:
         now = int(time.time())
         payload: dict[str, object] = {
             "scope": scope,
@@ -134,7 +145,9 @@ class SessionTokens:
             "exp": now + self._ttl[scope],
         }
         if scope == REFRESH_SCOPE:
-            payload["jti"] = uuid.uuid4().hex  # the PDS's refresh tokens carry an id
+            payload["jti"] = jti or uuid.uuid4().hex  # the PDS's refresh tokens carry an id
+        if sid is not None:
+            payload["sid"] = sid
         header = {"typ": _TYP[scope], "alg": "HS256"}
         signing_input = _segment(header) + b"." + _segment(payload)
         return (signing_input + b"." + base64url_encode(self._sign(signing_input))).decode()
@@ -162,7 +175,13 @@ class SessionTokens:
             raise TokenError(400, "InvalidToken", "Bad token scope")
         if not payload.sub or payload.aud != self.audience:
             raise TokenError(400, "InvalidToken", "Malformed token")
-        return SessionClaims(did=payload.sub, scope=scope, jti=payload.jti)
+        sid = (payload.model_extra or {}).get("sid")
+        return SessionClaims(
+            did=payload.sub,
+            scope=scope,
+            jti=payload.jti,
+            sid=sid if isinstance(sid, str) else None,
+        )
 
     def _sign(self, signing_input: bytes) -> bytes:
         return hmac.new(self._secret, signing_input, hashlib.sha256).digest()

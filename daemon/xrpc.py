@@ -14,12 +14,14 @@ bare 500. Clients can tell a lost claim from a failure without reading back.
 
 from __future__ import annotations
 
+import base64
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -35,6 +37,7 @@ from daemon.auth import (
     bearer_token,
     load_secret,
 )
+from daemon.sessions import LoginLimiter, SessionStore
 from recordstore import keys
 from recordstore.lexicon import has_lexicon
 from recordstore.mime import OCTET_STREAM
@@ -53,6 +56,7 @@ BLOB_HEADERS = {
     "content-security-policy": "default-src 'none'; sandbox",
 }
 SWAP_COMMIT = "swapCommit is not supported by this store"
+SESSIONS_FILE = "xrpc-sessions.sqlite3"  # beside the secret (SPEC §12: rotation, revocation)
 
 
 class XrpcError(Exception):
@@ -238,12 +242,24 @@ def router(service: _Service, tokens: SessionTokens | None = None) -> APIRouter:
     if tokens is None:
         config = getattr(service, "config", None)
         tokens = session_tokens(getattr(config, "state_path", None), "did:web:localhost")
-    x = _Xrpc(service, tokens)
-    r = APIRouter(prefix="/xrpc", route_class=_XrpcRoute, tags=["xrpc"])
+    state_path = getattr(getattr(service, "config", None), "state_path", None)
+    sessions = SessionStore(
+        state_path.with_name(SESSIONS_FILE) if state_path else None,
+        tokens.secret,
+        tokens.refresh_ttl,
+    )
+    x = _Xrpc(service, tokens, sessions)
+    r = APIRouter(
+        prefix="/xrpc",
+        route_class=_XrpcRoute,
+        tags=["xrpc"],
+        dependencies=[Depends(x.live_session)],
+    )
     server, repo, sync = "com.atproto.server", "com.atproto.repo", "com.atproto.sync"
     r.add_api_route(f"/{server}.createSession", x.create_session, methods=["POST"])
     r.add_api_route(f"/{server}.refreshSession", x.refresh_session, methods=["POST"])
     r.add_api_route(f"/{server}.getSession", x.get_session, methods=["GET"])
+    r.add_api_route(f"/{server}.deleteSession", x.delete_session, methods=["POST"])
     r.add_api_route(f"/{server}.describeServer", x.describe_server, methods=["GET"])
     r.add_api_route(f"/{repo}.createRecord", x.create_record, methods=["POST"])
     r.add_api_route(f"/{repo}.putRecord", x.put_record, methods=["POST"])
@@ -265,9 +281,36 @@ async def _not_implemented(nsid: str) -> Response:
 
 
 class _Xrpc:
-    def __init__(self, service: _Service, tokens: SessionTokens) -> None:
+    def __init__(self, service: _Service, tokens: SessionTokens, sessions: SessionStore) -> None:
         self._service = service
         self._tokens = tokens
+        self._sessions = sessions
+        self._limiter = LoginLimiter()
+
+    @property
+    def limiter(self) -> LoginLimiter:
+        # The service may hold one (tests give it a clock of their own).
+        found = getattr(self._service, "login_limiter", None)
+        return found if isinstance(found, LoginLimiter) else self._limiter
+
+    def _password(self, did: str) -> str | None:
+        account = next((a for a in self._service.accounts if a.did == did), None)
+        return getattr(account, "password", None)
+
+    async def live_session(self, request: Request) -> None:
+        """Every XRPC call with a session access token: its session must stand (not
+        revoked, not deleted, made with the account's current password)."""
+        token = bearer_token(request)
+        if token is None or token.count(".") != 2:
+            return  # none, or an /api bearer token: the route decides
+        try:
+            claims = self._tokens.verify(token, ACCESS_SCOPE)
+        except TokenError:
+            return  # the route's own check answers it as a PDS would
+        if claims.sid is None or not await self._sessions.valid(
+            claims.sid, claims.did, self._password(claims.did)
+        ):
+            raise XrpcError(400, "ExpiredToken", "Token has been revoked")
 
     @property
     def _store(self) -> recordstore.RecordStore:
@@ -330,24 +373,57 @@ class _Xrpc:
         if claims.did != account.did:
             raise XrpcError(401, "AuthenticationRequired", "Authentication Required")
 
-    def _session(self, account: Any) -> dict[str, Any]:
+    def _session(self, account: Any, sid: str, jti: str) -> dict[str, Any]:
         return {
-            "accessJwt": self._tokens.issue(account.did, ACCESS_SCOPE),
-            "refreshJwt": self._tokens.issue(account.did, REFRESH_SCOPE),
+            "accessJwt": self._tokens.issue(account.did, ACCESS_SCOPE, sid=sid),
+            "refreshJwt": self._tokens.issue(account.did, REFRESH_SCOPE, sid=sid, jti=jti),
             "handle": account.handle,
             "did": account.did,
             "active": True,
         }
 
-    async def create_session(self, body: CreateSessionInput) -> dict[str, Any]:
+    def _login_keys(self, request: Request, identifier: str) -> tuple[str, str]:
+        # A handle and its DID share one counter; anything else counts as typed.
+        who = identifier.strip().lower()[:256]
+        for account in self._service.accounts:
+            if who in (account.handle.lower(), (account.did or "").lower()):
+                who = f"account:{account.name}"
+                break
+        address = request.client.host if request.client else "unknown"
+        return f"handle:{who}", f"addr:{address}"
+
+    async def create_session(self, request: Request, body: CreateSessionInput) -> Response:
+        keys_ = self._login_keys(request, body.identifier)
+        wait = self.limiter.retry_after(*keys_)
+        if wait is not None:
+            return _rate_limited(wait)
         account = self._service.account_for_login(body.identifier, body.password)
         if account is None or not account.did:
+            self.limiter.failed(*keys_)
             raise XrpcError(401, "AuthenticationRequired", "Invalid identifier or password")
-        return self._session(account)
+        sid, jti = await self._sessions.create(account.did, account.password)
+        return JSONResponse(self._session(account, sid, jti))
 
     async def refresh_session(self, request: Request) -> dict[str, Any]:
         claims = self._claims(request, REFRESH_SCOPE)
-        return self._session(self._repo(claims.did, "account"))
+        account = self._repo(claims.did, "account")
+        if claims.sid is None or claims.jti is None:
+            raise XrpcError(400, "ExpiredToken", "Token has been revoked")
+        # One use: the next refresh token replaces this one; a reused one ends it all.
+        jti = await self._sessions.rotate(claims.sid, claims.jti, account.password)
+        if jti is None:
+            raise XrpcError(400, "ExpiredToken", "Token has been revoked")
+        return self._session(account, claims.sid, jti)
+
+    async def delete_session(self, request: Request) -> Response:
+        # As on a PDS: called with the refresh token; an access token of the session
+        # ends it too.
+        token = bearer_token(request)
+        scope = REFRESH_SCOPE if token and '"refresh+jwt"' in _jwt_header(token) else ACCESS_SCOPE
+        claims = self._claims(request, scope)
+        if claims.sid is not None:
+            await self._sessions.revoke(claims.sid)
+        return Response(status_code=200)
 
     async def get_session(self, request: Request) -> dict[str, Any]:
         claims = self._claims(request, ACCESS_SCOPE)
@@ -550,6 +626,26 @@ class _Xrpc:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def _rate_limited(wait: float) -> JSONResponse:
+    seconds = max(1, math.ceil(wait))
+    return JSONResponse(
+        {
+            "error": "RateLimitExceeded",
+            "message": f"too many failed logins; try again in {seconds} s",
+        },
+        status_code=429,
+        headers={"Retry-After": str(seconds)},
+    )
+
+
+def _jwt_header(token: str) -> str:
+    head = token.split(".", 1)[0]
+    try:
+        return base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        return ""
 
 
 def _typed(record: dict[str, Any], collection: str) -> dict[str, Any]:
