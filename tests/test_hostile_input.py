@@ -51,6 +51,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Turnd]:
     with FakeModel() as fake:
         d = Turnd(tmp, "hostile", tmp / "data", fake.base_url)
         d.start()
+        # Logged in before the fuzz: its wrong passwords lock logins from this address
+        # for 5 minutes (SPEC §12), and its deleteSession ends the fuzz's own session.
+        _SESSIONS.clear()
+        for handle, password in (("alice.test", ALICE_PASSWORD), ("bob.test", BOB_PASSWORD)):
+            _SESSIONS[handle] = _login(d, handle, password)
         try:
             yield d
         finally:
@@ -59,7 +64,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Turnd]:
         assert code == 0, d.logs()[-3000:]
 
 
+_SESSIONS: dict[str, str] = {}
+
+
 def _session(d: Turnd, handle: str, password: str) -> str:
+    return _SESSIONS.get(handle) or _login(d, handle, password)
+
+
+def _login(d: Turnd, handle: str, password: str) -> str:
     r = httpx.post(
         f"{d.url}/xrpc/com.atproto.server.createSession",
         json={"identifier": handle, "password": password},
@@ -88,7 +100,7 @@ def _error_shape(r: httpx.Response) -> None:
 
 def test_openapi_fuzz_never_500(daemon: Turnd) -> None:
     schema = schemathesis.openapi.from_url(f"{daemon.url}/openapi.json")
-    jwt = _session(daemon, "alice.test", ALICE_PASSWORD)
+    jwt = _login(daemon, "alice.test", ALICE_PASSWORD)  # its own: the fuzz may delete it
     # Something real to aim at: a conversation with a message and a finished reply.
     api = daemon.client()
     skey = api.post("/api/conversations", json={"title": "fuzz"}).json()["skey"]
