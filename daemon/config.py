@@ -168,6 +168,8 @@ class FileModel(_Table):
     accounts: dict[str, AccountTable] = Field(default_factory=dict)
     plugins: PluginsTable = Field(default_factory=PluginsTable)
     presets: dict[str, PresetTable] = Field(default_factory=dict)
+    # [tools.NAME] tool sources (SPEC §14), checked by daemon.tools_config.
+    tools: dict[str, Any] = Field(default_factory=dict)
 
 
 # -- the result --------------------------------------------------------------------------
@@ -219,6 +221,7 @@ class Config:
     header_timeout: float = 10.0
     max_connections: int = 1000
     public_reads: bool = False
+    tools: list[Any] = field(default_factory=list)  # plugins.sources specs, in file order
 
     @property
     def base_url(self) -> str:
@@ -234,6 +237,7 @@ class Config:
         values = [p.api_key for p in self.providers.values() if p.api_key and p.name != ECHO]
         for account in self.accounts:
             values += [v for v in (account.password, account.token) if v]
+        values += [v for spec in self.tools for v in spec.secrets]
         return values
 
 
@@ -325,6 +329,7 @@ _TURNS_KEYS = (
     "imageMaxPixels",
     "fileTextMaxBytes",
     "maxAttachmentBytes",
+    "approvalTimeoutSeconds",
 )
 
 
@@ -634,6 +639,13 @@ def build_config(
             accounts.append(account)
             generated = True
 
+    from daemon.tools_config import parse_tools
+
+    try:
+        tools = parse_tools(parsed.tools, env, base_dir)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+
     config = Config(
         path=path,
         base_dir=base_dir,
@@ -658,6 +670,7 @@ def build_config(
         header_timeout=parsed.http.header_timeout,
         max_connections=parsed.http.max_connections,
         public_reads=parsed.xrpc.public_reads,
+        tools=tools,
     )
     config.settings = SettingsReloader(path, turns, env)
     return config

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.cors import CORSMiddleware
 
 import recordstore
-from daemon import echo, webui, xrpc
+from daemon import echo, tools_http, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.conversations import router as conversations_api
 from daemon.deps import AccountDep, ConversationDep, ConversationKeyDep, ServiceDep
@@ -103,6 +103,7 @@ def create_app(service: Any) -> FastAPI:
     app.include_router(conversations_api)  # §15: create, list, rename, delete, events
     app.include_router(api)
     app.include_router(webui.router(service))  # /api/models, /api/render for the page
+    app.include_router(tools_http.router(service))  # /api/tools, approvals (SPEC §14)
     _add_ops_routes(app, service)
     if _config(service, "store_kind", "local") == "local":
         app.include_router(xrpc.router(service))
@@ -133,7 +134,7 @@ def _add_ops_routes(app: FastAPI, service: Any) -> None:
     async def healthz() -> Response:
         store_ok = await _store_up(service)
         feed_ok = bool(getattr(service, "feed_up", False))
-        body = {"store": store_ok, "changeFeed": feed_ok}
+        body = {"store": store_ok, "changeFeed": feed_ok, **tools_http.tool_health(service)}
         if store_ok and feed_ok:
             return JSONResponse({"status": "ok", **body})
         down = " and ".join(

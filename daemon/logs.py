@@ -147,6 +147,6 @@ def setup_logging(
     root.addHandler(handler)
     root.setLevel(level)
     # httpx logs each request URL at INFO; turns would bury the one line per turn.
-    for noisy in ("httpx", "httpx2", "httpcore", "openai", "aiosqlite", "uvicorn.access"):
+    for noisy in ("httpx", "httpx2", "httpcore", "openai", "aiosqlite", "uvicorn.access", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return handler

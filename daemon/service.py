@@ -117,6 +117,7 @@ class Service:
         # Loaded now, so a bad plugin name is a config error before anything starts.
         self.plugins = _load_plugins(config.plugins)
         self.events = EventHub()  # the page's live record events (SPEC §15, §17)
+        self.tools: Any = None  # plugins.sources.ToolCatalog once running (SPEC §14)
 
     # -- credentials (the HTTP app and XRPC call these) ------------------------------------
 
@@ -225,6 +226,12 @@ class Service:
                 raise ServiceError(f"state.path: cannot open the state file: {err}") from None
             stack.push_async_callback(_close, self.state.aclose)
 
+            from plugins.sources import ToolCatalog
+
+            # Entered before the engine, so its MCP servers outlive the engine's last turn.
+            self.tools = await stack.enter_async_context(
+                ToolCatalog(self.plugins, self.config.tools)
+            )
             self.engine = TurnEngine(
                 self.store,
                 self.state,
@@ -234,6 +241,7 @@ class Service:
                 self.plugins,
                 user_tools=_UserTools(self),
                 cache_dir=_derivatives_dir(self.config),
+                tools=self.tools,
                 **_engine_extras(TurnEngine, self.registry),
             )
             await stack.enter_async_context(self.engine)

@@ -1,6 +1,6 @@
 """The plugin API: tools, tool sources and hooks, and their loader."""
 
-from plugins.api import Plugin, Tool, ToolContext, ToolSource
+from plugins.api import Plugin, Tool, ToolContext, ToolResult, ToolSource
 from plugins.context import AFTER_MODEL, BEFORE_MODEL, HOOKS, TURN_AFTER, TurnContext
 from plugins.hooks import HookError, PluginSet
 from plugins.loader import load_plugins
@@ -15,6 +15,7 @@ __all__ = [
     "PluginSet",
     "Tool",
     "ToolContext",
+    "ToolResult",
     "ToolSource",
     "TurnContext",
     "load_plugins",

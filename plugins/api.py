@@ -20,9 +20,19 @@ class ToolContext:
     conversation: str  # at://<did>/network.sharedcomputer.chat.conversation/<skey>
     cancelled: anyio.Event
     http: httpx.AsyncClient
+    call_id: str = ""  # the model's id of the call being run
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a handler returns to say exactly what the model reads, error or not
+    (an MCP ``isError`` result); any other return value is a success."""
+
+    output: str
+    is_error: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,11 @@ class Tool:
     description: str
     parameters: dict[str, Any]  # JSON schema of the arguments object
     handler: ToolHandler
+    # Set for the tools of a configured source ([tools.NAME]); plugin tools keep the defaults.
+    source: str | None = None
+    kind: str = "plugin"  # "plugin", "mcp" or "http"
+    needs_approval: bool = False
+    timeout_seconds: float | None = None  # the source's timeoutSeconds: wins over the turn's
 
     def spec(self) -> dict[str, Any]:
         """The Chat Completions `tools` entry."""
@@ -53,7 +68,8 @@ class ToolSource:
 
     def named_tools(self) -> list[Tool]:
         return [
-            Tool(f"{self.id}_{t.name}", t.description, t.parameters, t.handler) for t in self.tools
+            Tool(f"{self.id}_{t.name}", t.description, t.parameters, t.handler, source=self.id)
+            for t in self.tools
         ]
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "PREFERENCES",
     "CONVERSATION_REF",
     "SUMMARY",
+    "APPROVAL",
     "COLLECTIONS",
     "PLAIN_CONTENT",
     "ENCRYPTED_CONTENT",
@@ -44,7 +45,8 @@ INFO = f"{NSID}.info"
 PREFERENCES = f"{NSID}.preferences"
 CONVERSATION_REF = f"{NSID}.conversationRef"
 SUMMARY = f"{NSID}.summary"  # in a conversation, at the key of the last message it covers
-COLLECTIONS = (CONVERSATION_REF, INFO, MESSAGE, PREFERENCES, SUMMARY)
+APPROVAL = f"{NSID}.approval"  # in a conversation, at <replyKey>.a<index>: a tool call's yes/no
+COLLECTIONS = (APPROVAL, CONVERSATION_REF, INFO, MESSAGE, PREFERENCES, SUMMARY)
 
 # Content and parts (defs.json).
 PLAIN_CONTENT = f"{DEFS}#plainContent"

@@ -72,6 +72,7 @@ def test_every_document_is_lexicon_v1_named_after_its_file() -> None:
     root = resources.files("lexicons") / "network" / "sharedcomputer" / "chat"
     names = sorted(p.name for p in root.iterdir() if p.name.endswith(".json"))
     assert names == [
+        "approval.json",
         "conversation.json",
         "conversationRef.json",
         "defs.json",
@@ -95,6 +96,7 @@ def test_record_documents_have_keys() -> None:
         PREFERENCES: "literal:self",
         CONVERSATION_REF: "tid",
         SUMMARY: "any",
+        "network.sharedcomputer.chat.approval": "any",
     }
 
 

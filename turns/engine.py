@@ -33,6 +33,7 @@ from recordstore import (
 )
 from recordstore.keys import parse_reply_key, reply_key
 from turns import attachments, conversations, manage, records, triggers
+from turns.approval import APPROVAL, Approvals
 from turns.metrics import TurnMetrics
 from turns.models import Clients
 from turns.ratelimit import RateLimiter
@@ -40,6 +41,7 @@ from turns.settings import Provider, TurnSettings
 from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
 from turns.titles import Titles
+from turns.toolcalls import ToolCallMetrics
 from turns.turn import Start, Turn, TurnAddress, TurnServices
 
 log = logging.getLogger("turnd.turns")
@@ -65,6 +67,7 @@ class TurnEngine:
         user_tools: Mapping[str, list[str]] | None = None,
         metrics: TurnMetrics | None = None,
         cache_dir: Path | None = None,
+        tools: Any = None,
     ) -> None:
         self._store = store
         self._state = state
@@ -91,6 +94,10 @@ class TurnEngine:
         self.titles = Titles(
             store, self._clients, partial(conversations.touch_ref, store)
         )
+        # SPEC §14: the catalog of tools (plugins.sources.ToolCatalog), calls awaiting approval.
+        self._tools = tools
+        self.approvals = Approvals()
+        self.tool_metrics = ToolCallMetrics(self.metrics.registry)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -113,6 +120,9 @@ class TurnEngine:
                 running=self._running,
                 titles=self.titles,
                 cache_dir=self._cache_dir,
+                tools=self._tools,
+                approvals=self.approvals,
+                tool_calls=self.tool_metrics.observe,
             )
             stack.push_async_callback(self._clients.aclose)
             self._clients.warm(self._settings().retries)
@@ -260,6 +270,9 @@ class TurnEngine:
 
     async def on_change(self, change: Change, owners: Mapping[str, Any]) -> None:
         """Apply the direct-write rules to one change of the store."""
+        if change.collection == APPROVAL:
+            self.approvals.on_change(change, owners)  # a decision on a waiting tool call
+            return
         settings = self._settings()
         decision = triggers.decide(change, owners, settings.backfill_minutes)
         if decision is None:

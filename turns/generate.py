@@ -8,7 +8,6 @@ rest of the relay together.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from plugins.api import Tool, ToolContext
 from turns.context import ContextWindow, PromptTooLong, too_long
 from turns.parts import PartsBuilder
 from turns.settings import TurnSettings
+from turns.toolcalls import ToolRun, call_tool
 
 _KNOWN_DELTA_KEYS = frozenset(
     {"role", "content", "reasoning_content", "reasoning", "tool_calls", "refusal",
@@ -94,6 +94,7 @@ async def run_steps(
     tool_context: ToolContext,
     usage: Usage,
     window: ContextWindow | None = None,
+    tool_run: ToolRun | None = None,
 ) -> None:
     """Run steps until one makes no tool call or ``max_steps`` is reached.
 
@@ -131,8 +132,12 @@ async def run_steps(
         step_text = "".join(
             p["text"] for p in parts.parts[first_part:] if p["$type"].endswith("#textPart")
         )
+        call_parts = []
         for call, (name, arguments) in zip(calls, signature, strict=True):
-            parts.tool_call(call.id, name, arguments, call.provider_data)
+            part = parts.tool_call(call.id, name, arguments, call.provider_data)
+            call_parts.append((len(parts.parts) - 1, part))
+        tool_run = tool_run or ToolRun()
+        await tool_run.request(call_parts, by_name)  # the calls that wait for approval
         messages = [
             *messages,
             {
@@ -144,7 +149,7 @@ async def run_steps(
                 ],
             },
         ]
-        results = await _run_tools(calls, signature, by_name, tool_context, settings)
+        results = await _run_tools(calls, signature, by_name, tool_context, settings, tool_run)
         for call, (output, is_error) in zip(calls, results, strict=True):
             part = parts.tool_result(call.id, output, is_error)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": part["output"]})
@@ -247,14 +252,21 @@ async def _run_tools(
     by_name: Mapping[str, Tool],
     context: ToolContext,
     settings: TurnSettings,
+    tool_run: ToolRun,
 ) -> list[tuple[Any, bool]]:
     """Run a step's tool calls in parallel, at most ``max_parallel_tools`` at a time."""
     results: list[tuple[Any, bool]] = [("", True)] * len(calls)
     limit = anyio.Semaphore(settings.max_parallel_tools)
 
     async def run(i: int, name: str, arguments: str) -> None:
+        # An approval wait holds no slot: the calls that may run meanwhile do.
+        if (refusal := await tool_run.refused(i, by_name.get(name))) is not None:
+            results[i] = (refusal, True)
+            return
         async with limit:
-            results[i] = await _run_tool(by_name.get(name), name, arguments, context, settings)
+            results[i] = await _run_tool(
+                by_name.get(name), name, arguments, context, settings, calls[i].id, tool_run
+            )
 
     async with anyio.create_task_group() as tg:
         for i, (name, arguments) in enumerate(signature):
@@ -263,21 +275,15 @@ async def _run_tools(
 
 
 async def _run_tool(
-    tool: Tool | None, name: str, arguments: str, context: ToolContext, settings: TurnSettings
+    tool: Tool | None,
+    name: str,
+    arguments: str,
+    context: ToolContext,
+    settings: TurnSettings,
+    call_id: str = "",
+    tool_run: ToolRun | None = None,
 ) -> tuple[Any, bool]:
-    if tool is None:
-        return f"unknown tool {name!r}", True
-    try:
-        args = json.loads(arguments) if arguments.strip() else {}
-    except ValueError as exc:
-        return f"the arguments are not valid JSON: {exc}", True
-    if not isinstance(args, dict):
-        return "the arguments must be a JSON object", True
-    with anyio.move_on_after(settings.tool_timeout_seconds) as scope:
-        try:
-            return await tool.handler(args, context), False
-        except Exception as exc:  # a tool's failure is a result the model sees
-            return f"{type(exc).__name__}: {exc}", True
-    if scope.cancelled_caught:
-        return f"the tool timed out after {settings.tool_timeout_seconds:g} s", True
-    return "the tool was stopped", True
+    output, is_error, outcome = await call_tool(tool, name, arguments, context, settings, call_id)
+    if tool_run is not None:
+        tool_run.observe(tool, outcome)
+    return output, is_error

@@ -31,6 +31,7 @@ _TOML_KEYS = {
     "imageMaxPixels": "image_max_pixels",
     "fileTextMaxBytes": "file_text_max_bytes",
     "maxAttachmentBytes": "max_attachment_bytes",
+    "approvalTimeoutSeconds": "approval_timeout_seconds",
 }
 
 
@@ -53,6 +54,7 @@ class TurnSettings:
     image_max_pixels: int = 2048
     file_text_max_bytes: int = 200_000
     max_attachment_bytes: int = 64 * 1024 * 1024
+    approval_timeout_seconds: float = 300  # a tool call waiting for the user's yes (SPEC §14)
 
     @classmethod
     def from_toml(cls, table: dict[str, Any]) -> TurnSettings:

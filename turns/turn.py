@@ -22,11 +22,12 @@ from typing import Any
 import anyio
 import httpx
 
-from plugins import AFTER_MODEL, BEFORE_MODEL, TURN_AFTER, HookError, PluginSet, ToolContext
+from plugins import AFTER_MODEL, BEFORE_MODEL, TURN_AFTER, HookError, PluginSet, Tool, ToolContext
 from plugins.context import TurnContext
 from recordstore import MESSAGE, InvalidRecord, InvalidSwap, RecordExists, RecordStore
 from recordstore.keys import reply_key
 from turns import conversations, records
+from turns.approval import ApprovalGate, Approvals, pending_reply
 from turns.conversations import Conversation
 from turns.fit import fit_record
 from turns.generate import TurnFailed, Usage, run_steps, scrub
@@ -46,6 +47,7 @@ from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
 from turns.titles import Titles
 from turns.titles import wanted as title_wanted
+from turns.toolcalls import Observe, ToolRun
 from turns.window import turn_prompt
 
 log = logging.getLogger("turnd.turns")
@@ -106,6 +108,10 @@ class TurnServices:
     running: dict[TurnAddress, Turn]
     titles: Titles
     cache_dir: Path | None = None  # image derivatives, by CID (turns.attachments)
+    # SPEC §14: the tools a turn may offer (plugins' and [tools.NAME] sources'), approvals.
+    tools: Any = None  # plugins.sources.ToolCatalog; None: the plugins' tools only
+    approvals: Approvals = field(default_factory=Approvals)
+    tool_calls: Observe | None = None  # (source, outcome) -> the turnd_tool_calls metric
 
 
 class Turn:
@@ -243,7 +249,7 @@ class Turn:
         started = time.monotonic()
         parts = PartsBuilder(self.buffer)
         status, error = "complete", None
-        self.tools = self._tool_names()
+        self.tools = []  # filled in by _offer_tools, inside the turn's scope
         self.context = TurnContext(
             user=a.did,
             conversation=a.conversation_uri,
@@ -259,10 +265,16 @@ class Turn:
         scope = self.scope
         scope.deadline = anyio.current_time() + settings.timeout_seconds
         cancelled = anyio.Event()
+        gate = ApprovalGate(
+            s.approvals, a.did, a.skey, a.reply, parts=parts.parts, buffer=self.buffer,
+            rewrite=self._rewrite_pending, timeout_seconds=settings.approval_timeout_seconds,
+            scope=scope,
+        )
         s.metrics.running.inc()
         try:
             with scope:
                 try:
+                    offered = await self._offer_tools()
                     # 5. Resolve the provider.
                     provider = s.clients.provider(self.model)
                     # 6. Build the prompt from the branch.
@@ -280,19 +292,21 @@ class Turn:
                         s.clients.client(provider, settings.retries),
                         model=self.model["id"],
                         messages=messages,
-                        tools=s.plugins.tools(self.tools),
+                        tools=offered,
                         effort=reasoning_effort(self.effort),
                         settings=settings,
                         parts=parts,
                         tool_context=ToolContext(a.did, a.conversation_uri, cancelled, s.http),
                         usage=self.usage,
                         window=prompt.window,
+                        tool_run=ToolRun(gate, s.tool_calls),
                     )
                 except (TurnFailed, ModelResolutionError, HookError) as exc:
                     status, error = "error", scrub(str(exc), s.secrets)
                 except Exception as exc:
                     log.exception("turn %s/%s failed", a.skey, a.reply)
                     status, error = "error", scrub(f"turnd failed: {type(exc).__name__}", s.secrets)
+            gate.settle()  # a call still waiting (cancelled) keeps no "pending"
             if scope.cancel_called:
                 cancelled.set()
                 status = "cancelled"
@@ -303,13 +317,32 @@ class Turn:
         return status, error, parts, started
 
     def _tool_names(self) -> list[str]:
+        """The names the message asks for (tools, sources, globs), else the account's."""
         generation = self.user_message.get("generation") or {}
         named = generation.get("tools")
         if isinstance(named, list):
-            names = [n for n in named if isinstance(n, str)]
+            return [n for n in named if isinstance(n, str)]
+        return list(self._s.user_tools.get(self.address.did, ()))
+
+    async def _offer_tools(self) -> list[Tool]:
+        """The tools this turn offers; a lazy MCP source named is connected first."""
+        names = self._tool_names()
+        if self._s.tools is None:
+            offered = self._s.plugins.tools(names)
         else:
-            names = list(self._s.user_tools.get(self.address.did, ()))
-        return [t.name for t in self._s.plugins.tools(names)]
+            offered = await self._s.tools.offer(names)
+        self.tools[:] = [t.name for t in offered]  # the hooks' ctx.tools is this list
+        return offered
+
+    async def _rewrite_pending(self, parts: list[dict[str, Any]]) -> None:
+        """A call waits for approval: the placeholder, rewritten once with the parts so far
+        (swap on its CID, so the final write swaps on the new one)."""
+        a, store = self.address, self._s.store
+        value = await fit_record(store, a.did, pending_reply(self.placeholder, parts))
+        written = await store.put_record(
+            a.did, a.skey, MESSAGE, a.reply, value, swap_cid=self._placeholder_cid
+        )
+        self._placeholder_cid = written.cid
 
     # -- 10. finishing ---------------------------------------------------------------------
 
