@@ -390,7 +390,7 @@ async def _events(d: Daemon, skey: str, reply: str) -> list[tuple[str, Any]]:
     return out
 
 
-async def test_approval_by_the_route_approved_then_denied_then_timed_out(
+async def test_approval_by_the_route_approved_then_denied(
     tmp_path: Path, fake: FakeModel, http_tools: HttpToolServer
 ) -> None:
     fake.push(
@@ -398,10 +398,8 @@ async def test_approval_by_the_route_approved_then_denied_then_timed_out(
         Reply.text("Sunny."),
         Reply.tool_calls([ToolCall("weather", {"city": "Rome"}, id="d1")]),
         Reply.text("I may not."),
-        Reply.tool_calls([ToolCall("weather", {"city": "Lima"}, id="t1")]),
-        Reply.text("No answer."),
     )
-    turns = {"approvalTimeoutSeconds": 1.5, "timeoutSeconds": 1}
+    turns = {"approvalTimeoutSeconds": 60, "timeoutSeconds": 3}
     async with running_daemon(tmp_path, fake, tools=_weather(http_tools), turns=turns) as d:
         skey = await d.conversation()
         posted = await d.post(skey, "Oslo?", generation={"tools": ["weather"]})
@@ -414,8 +412,8 @@ async def test_approval_by_the_route_approved_then_denied_then_timed_out(
         route = f"/api/conversations/{skey}/messages/{reply}/approvals/a1"
         r = await d.http.post(f"/api/conversations/{skey}/messages/{reply}/approvals/nope", json={"approve": True})
         assert r.status_code == 409 and r.json()["error"] == "Conflict"
-        # The wait is not counted against the turn's timeoutSeconds (1 s).
-        await anyio.sleep(1.2)
+        # The wait is not counted against the turn's timeoutSeconds (3 s).
+        await anyio.sleep(3.5)
         assert (await d.http.post(route, json={"approve": True})).json() == {"decided": True}
         final = await d.final(skey, reply)
         assert final["status"] == "complete", final
@@ -441,19 +439,33 @@ async def test_approval_by_the_route_approved_then_denied_then_timed_out(
         assert (result["output"], result["isError"]) == ("not approved by the user", True)
         assert _tool_messages(fake, 3)[-1]["content"] == "not approved by the user"
 
-        posted = await d.post(skey, "Lima?", parent=posted["replyKey"], generation={"tools": ["weather"]})
+        assert [r["arguments"]["city"] for r in http_tools.requests] == ["Oslo"]
+        metrics = (await d.http.get("/metrics")).text
+        assert 'turnd_tool_calls_total{outcome="denied",source="weather"} 1.0' in metrics
+        listed = (await d.http.get("/api/tools")).json()["tools"]
+        assert [(t["name"], t["needsApproval"], t["kind"]) for t in listed] == [("weather", True, "http")]
+
+
+async def test_no_decision_within_approval_timeout_seconds_is_an_error_result(
+    tmp_path: Path, fake: FakeModel, http_tools: HttpToolServer
+) -> None:
+    fake.push(Reply.tool_calls([ToolCall("weather", {"city": "Lima"}, id="t1")]), Reply.text("No answer."))
+    turns = {"approvalTimeoutSeconds": 1}
+    async with running_daemon(tmp_path, fake, tools=_weather(http_tools), turns=turns) as d:
+        skey = await d.conversation()
+        posted = await d.post(skey, "Lima?", generation={"tools": ["weather"]})
         final = await d.final(skey, posted["replyKey"], wait=20)
         (call,) = _parts(final, TOOL_CALL)
         (result,) = _parts(final, TOOL_RESULT)
         assert final["status"] == "complete"
         assert call["approval"] == "timedout"
         assert (result["output"], result["isError"]) == ("approval timed out", True)
-        assert [r["arguments"]["city"] for r in http_tools.requests] == ["Oslo"]
+        assert _tool_messages(fake, 1)[-1]["content"] == "approval timed out"
+        assert http_tools.requests == []
+        route = f"/api/conversations/{skey}/messages/{posted['replyKey']}/approvals/t1"
+        assert (await d.http.post(route, json={"approve": True})).status_code == 409
         metrics = (await d.http.get("/metrics")).text
-        assert 'turnd_tool_calls_total{outcome="denied",source="weather"} 1.0' in metrics
         assert 'turnd_tool_calls_total{outcome="approval_timeout",source="weather"} 1.0' in metrics
-        listed = (await d.http.get("/api/tools")).json()["tools"]
-        assert [(t["name"], t["needsApproval"], t["kind"]) for t in listed] == [("weather", True, "http")]
 
 
 async def _session(d: Daemon, handle: str, password: str) -> str:
