@@ -18,7 +18,6 @@ import random
 import statistics
 import tempfile
 import time
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +83,7 @@ async def _feed_latency(root: Path, n: int, other_process: bool) -> list[float]:
     prefix = "p" if other_process else "i"
     latencies: list[float] = []
     async with LocalStore.open(root) as store:
-        async with aclosing(store.changes()) as feed:
+        async with store.changes() as feed:
             async with anyio.create_task_group() as tg:
                 if other_process:
                     ctx = multiprocessing.get_context("spawn")

@@ -19,7 +19,7 @@ import hmac
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -216,8 +216,6 @@ class Service:
             # aclose again, shielded, after the context exits: a second signal cancels
             # that exit, and an open connection would keep the process alive.
             stack.push_async_callback(_close, store.aclose)
-            # Entered as a context, in nesting order: the pds store runs its feeds in a
-            # task group of its own.
             await stack.enter_async_context(store)
             self._learn_dids()
             try:
@@ -305,18 +303,19 @@ class Service:
         while not self._stop.is_set():
             try:
                 self.feed_up = True
-                async for change in _changes(self.store, self._handled_cursor):
-                    if self._stop.is_set():
-                        break  # not handled, so the cursor stays before it
-                    await self._handle(change)
-                    delay = 0.5
-                    self._handled_cursor = change.cursor
-                    self._since_save += 1
-                    if self._since_save >= CURSOR_FLUSH_EVERY:
-                        await self._flush_cursor()
-                else:
-                    # A feed that ends by itself is a backend fault: reconnect like an error.
-                    log.warning("the change feed ended; reconnecting")
+                async with self.store.changes(self._handled_cursor) as feed:
+                    async for change in feed:
+                        if self._stop.is_set():
+                            break  # not handled, so the cursor stays before it
+                        await self._handle(change)
+                        delay = 0.5
+                        self._handled_cursor = change.cursor
+                        self._since_save += 1
+                        if self._since_save >= CURSOR_FLUSH_EVERY:
+                            await self._flush_cursor()
+                    else:
+                        # A feed that ends by itself is a backend fault: reconnect.
+                        log.warning("the change feed ended; reconnecting")
             except Exception as err:  # noqa: BLE001 - any feed failure: log, back off, resume
                 self.feed_up = False
                 log.error("change feed failed (retrying in %.1fs): %s", delay, err)
@@ -369,19 +368,6 @@ async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
     worker thread would otherwise keep the process alive after ``run`` returns."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(5):
         await aclose()
-
-
-async def _changes(store: RecordStore, cursor: str | None) -> AsyncIterator[Change]:
-    # Close the backend's generator promptly when we stop iterating (no stray tasks).
-    feed = store.changes(cursor)
-    try:
-        async for change in feed:
-            yield change
-    finally:
-        aclose = getattr(feed, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
 
 
 class _UserTools(Mapping[str, list[str]]):

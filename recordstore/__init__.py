@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -185,8 +186,12 @@ class RecordStore(abc.ABC):
         """The blob's bytes; raises BlobNotFound."""
 
     @abc.abstractmethod
-    def changes(self, cursor: str | None = None) -> AsyncIterator[Change]:
-        """The change feed, from just after ``cursor`` (None: from the beginning)."""
+    def changes(self, cursor: str | None = None) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
+        """The change feed, from just after ``cursor`` (None: from the beginning).
+
+        ``async with store.changes(cursor) as feed: async for change in feed: ...``;
+        whatever runs the feed runs while the block lasts and stops when it ends.
+        """
 
     async def aclose(self) -> None:  # noqa: B027 - optional for backends with nothing to close
         """Release connections and files."""

@@ -34,10 +34,11 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -57,16 +58,43 @@ from recordstore import (
     InvalidKey,
     InvalidRecord,
     Op,
+    Record,
     StoreError,
 )
 from recordstore.cid import ipld_to_json
 from recordstore.keys import split_repo_rkey
 from recordstore.lexicon import validate_record
 
-if TYPE_CHECKING:
-    from recordstore.pds import PdsStore
+__all__ = ["FeedAccount", "FeedSource", "PdsFeed", "decode_cursor", "encode_cursor"]
 
-__all__ = ["PdsFeed", "decode_cursor", "encode_cursor"]
+
+class FeedAccount(Protocol):
+    """One account the feed follows."""
+
+    @property
+    def did(self) -> str | None: ...
+    @property
+    def identifier(self) -> str: ...
+    @property
+    def logged_in(self) -> bool: ...
+    @property
+    def endpoint(self) -> str:
+        """The PDS its repo is on (known once logged in)."""
+        ...
+
+
+class FeedSource(Protocol):
+    """What the feed needs of the store it follows (:class:`~recordstore.pds.PdsStore`)."""
+
+    def feed_accounts(self) -> Sequence[FeedAccount]: ...
+    async def log_in(self, account: FeedAccount) -> None: ...
+    async def get_record(
+        self, did: str, space: str, collection: str, key: str
+    ) -> Record | None: ...
+    def iter_repo(
+        self, did: str, collection: str
+    ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]: ...
+    async def latest_rev(self, did: str) -> str: ...
 
 log = logging.getLogger(__name__)
 
@@ -373,49 +401,34 @@ _NOTHING = Change("", "", "", "", "create", None, None, None, "", False)
 class PdsFeed:
     """The change feed of a :class:`~recordstore.pds.PdsStore` (see the module doc)."""
 
-    def __init__(self, store: PdsStore, *, sweep_interval: float = 60.0) -> None:
+    def __init__(self, store: FeedSource, *, sweep_interval: float = 60.0) -> None:
         self.store = store
         self.sweep_interval = sweep_interval
         self.started = datetime.now(UTC)
         self.complete: set[str] = set()  # DIDs swept in full: `known` is their whole state
 
-    async def changes(self, cursor: str | None = None) -> AsyncIterator[Change]:
+    @asynccontextmanager
+    async def changes(self, cursor: str | None = None) -> AsyncIterator[AsyncIterator[Change]]:
+        """The feed from just after ``cursor``, running while the ``async with`` lasts."""
         positions = decode_cursor(cursor)
         handled = dict(positions)
         self.started = datetime.now(UTC)
         send, receive = anyio.create_memory_object_stream[_Item](0)
-        owner = self.store._task_group
+        failure: Exception | None = None
         with send, receive:
-            if owner is None:
-                # A store used without ``async with``: the generator owns the tasks, so a
-                # consumer must not end a cancel scope around its first ``__anext__``
-                # while it is still open (an anyio rule for task groups in generators).
-                async with anyio.create_task_group() as tg:
-                    await self._start_endpoints(tg, positions, send, from_start=cursor is None)
-                    try:
-                        async for change in self._deliver(receive, handled):
-                            yield change
-                    except GeneratorExit:
-                        # Closed by the consumer: end normally, so the task group does not
-                        # report the GeneratorExit as a failure of its own.
-                        pass
-                    finally:
-                        tg.cancel_scope.cancel()
-                return
-            # The store's task group runs the feed: no task group lives across a yield.
-            scope = anyio.CancelScope()
-
-            async def run_feed() -> None:
-                with scope:
-                    async with anyio.create_task_group() as tg:
-                        await self._start_endpoints(tg, positions, send, from_start=cursor is None)
-
-            owner.start_soon(run_feed)
-            try:
-                async for change in self._deliver(receive, handled):
-                    yield change
-            finally:
-                scope.cancel()
+            async with anyio.create_task_group() as tg:
+                await self._start_endpoints(tg, positions, send, from_start=cursor is None)
+                try:
+                    async with aclosing(self._deliver(receive, handled)) as feed:
+                        yield feed
+                except Exception as exc:
+                    # The consumer's own error: raised as it is once the feed has stopped,
+                    # not wrapped in the task group's exception group.
+                    failure = exc
+                finally:
+                    tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     @staticmethod
     async def _deliver(
@@ -436,12 +449,12 @@ class PdsFeed:
         from_start: bool,
     ) -> None:
         by_endpoint: dict[str, set[str]] = {}
-        for s in self.store.sessions():
-            if not s.logged_in:
-                tg.start_soon(self._start_late, tg, s, positions, send, from_start)
+        for account in self.store.feed_accounts():
+            if not account.logged_in:
+                tg.start_soon(self._start_late, tg, account, positions, send, from_start)
                 continue
-            assert s.account.did is not None
-            by_endpoint.setdefault(s.endpoint, set()).add(s.account.did)
+            assert account.did is not None
+            by_endpoint.setdefault(account.endpoint, set()).add(account.did)
         for endpoint, dids in by_endpoint.items():
             self._start_endpoint(tg, endpoint, dids, positions, send, from_start)
 
@@ -463,23 +476,22 @@ class PdsFeed:
     async def _start_late(
         self,
         tg: TaskGroup,
-        session: Any,
+        account: FeedAccount,
         positions: dict[str, int],
         send: MemoryObjectSendStream[_Item],
         from_start: bool,
     ) -> None:
         """An account whose PDS was down at open: keep logging in, then feed it."""
         failures = 0
-        while not session.logged_in:
+        while not account.logged_in:
             try:
-                await self.store._login(session)
+                await self.store.log_in(account)
             except Exception as e:  # noqa: BLE001 - unreachable or refused: try again later
                 failures += 1
-                log.warning("%s: login failed, retrying: %s", session.account.identifier, e)
+                log.warning("%s: login failed, retrying: %s", account.identifier, e)
                 await anyio.sleep(_backoff(failures))
-        self._start_endpoint(
-            tg, session.endpoint, {session.account.did}, positions, send, from_start
-        )
+        assert account.did is not None
+        self._start_endpoint(tg, account.endpoint, {account.did}, positions, send, from_start)
 
 
 def _change(

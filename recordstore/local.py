@@ -20,6 +20,7 @@ import sqlite3
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Generator, Sequence
+from contextlib import aclosing, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -460,11 +461,17 @@ class LocalStore(RecordStore):
 
     # --- the change feed ----------------------------------------------------------
 
-    async def changes(self, cursor: str | None = None) -> AsyncIterator[Change]:
+    @asynccontextmanager
+    async def changes(self, cursor: str | None = None) -> AsyncIterator[AsyncIterator[Change]]:
         after = _parse_cursor(cursor)
         head = await self._head()
         if after > head:
             raise StoreError(f"cursor {after} is ahead of the store's last op {head}")
+        async with aclosing(self._follow(after, head)) as feed:
+            yield feed
+
+    async def _follow(self, after: int, head: int) -> AsyncIterator[Change]:
+        """The op log from just after ``after``; ops past ``head`` are live."""
         while True:
             # Arm before reading, so a write landing between the read and the
             # wait still wakes us.

@@ -27,12 +27,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import httpx
-from anyio.abc import TaskGroup
 from atproto_client import AsyncClient
 from atproto_client.exceptions import (
     BadRequestError,
@@ -54,6 +54,7 @@ from recordstore import (
     RecordStore,
     StoreError,
 )
+from recordstore.firehose import FeedAccount, PdsFeed
 from recordstore.keys import (
     repo_rkey,
     validate_collection,
@@ -99,6 +100,14 @@ class _Session:
     logged_in: bool = False
 
     @property
+    def did(self) -> str | None:
+        return self.account.did
+
+    @property
+    def identifier(self) -> str:
+        return self.account.identifier
+
+    @property
     def endpoint(self) -> str:
         """The PDS this account's records are on (known after login)."""
         session = self.client._session  # the SDK keeps the DID document's PDS there
@@ -130,7 +139,6 @@ class PdsStore(RecordStore):
             for a in accounts
         ]
         self._http = httpx.AsyncClient(timeout=request_timeout)
-        self._task_group: TaskGroup | None = None
         self._by_did: dict[str, _Session] = {}
         for s in self._sessions:
             if s.account.did:
@@ -169,23 +177,6 @@ class PdsStore(RecordStore):
             await s.client.request.close()
         await self._http.aclose()
 
-    async def __aenter__(self) -> PdsStore:
-        # Inside ``async with`` the store owns a task group for its change feeds, so a
-        # feed's generator holds no task group of its own across its yields.
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._task_group = tg
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        tg, self._task_group = self._task_group, None
-        try:
-            if tg is not None:
-                tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
-        finally:
-            await self.aclose()
-
     # --- sessions -----------------------------------------------------------------
 
     @property
@@ -195,6 +186,14 @@ class PdsStore(RecordStore):
 
     def sessions(self) -> list[_Session]:
         return list(self._sessions)
+
+    def feed_accounts(self) -> list[_Session]:
+        """The accounts the change feed follows (:class:`recordstore.firehose.FeedSource`)."""
+        return list(self._sessions)
+
+    async def log_in(self, account: FeedAccount) -> None:
+        assert isinstance(account, _Session), account  # one of feed_accounts()
+        await self._login(account)
 
     async def _login(self, s: _Session) -> None:
         async with s.lock:
@@ -530,9 +529,7 @@ class PdsStore(RecordStore):
 
     # --- the change feed --------------------------------------------------------------
 
-    def changes(self, cursor: str | None = None) -> AsyncIterator[Change]:
-        from recordstore.firehose import PdsFeed
-
+    def changes(self, cursor: str | None = None) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
         return PdsFeed(self, sweep_interval=self.sweep_interval).changes(cursor)
 
 

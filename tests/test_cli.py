@@ -442,8 +442,9 @@ async def test_a_direct_write_is_answered_and_the_feed_cursor_saved(tmp_path: Pa
                 assert reply.value["status"] == "complete"
                 last = None
                 with anyio.move_on_after(0.5):
-                    async for change in other.changes(None):
-                        last = change.cursor
+                    async with other.changes(None) as feed:
+                        async for change in feed:
+                            last = change.cursor
         # stopped: the saved cursor is exactly the last change handled, not beyond
         state = await StateDB.open(tmp_path / "data" / "state.sqlite3")
         try:

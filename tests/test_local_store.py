@@ -8,7 +8,6 @@ import secrets
 import sqlite3
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -315,7 +314,7 @@ async def test_blobs(store: LocalStore, tmp_path: Path) -> None:
 async def test_feed_backfill_then_live(store: LocalStore) -> None:
     await store.create_record(DID, SPACE, MESSAGE, "a", message("a"))
     one = await store.put_record(DID, SPACE, MESSAGE, "a", message("a2"))
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         backfill = await take(feed, 2)
         assert [(c.key, c.op, c.live) for c in backfill] == [
             ("a", "create", False),
@@ -339,12 +338,12 @@ async def test_feed_backfill_then_live(store: LocalStore) -> None:
 async def test_feed_resumes_from_its_cursor_exactly_once(store: LocalStore) -> None:
     for i in range(30):
         await store.create_record(DID, SPACE, MESSAGE, f"k{i:03}", message())
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         first = await take(feed, 12)
     cursor = first[-1].cursor
     for i in range(30, 40):
         await store.create_record(DID, SPACE, MESSAGE, f"k{i:03}", message())
-    async with aclosing(store.changes(cursor)) as feed:
+    async with store.changes(cursor) as feed:
         rest = await take(feed, 28)
         async with anyio.create_task_group() as tg:
             # Nothing more is pending: a further read only ends with the next write.
@@ -362,10 +361,10 @@ async def test_feed_resumes_from_its_cursor_exactly_once(store: LocalStore) -> N
 
 async def test_feed_from_a_cursor_ahead_of_the_store(store: LocalStore) -> None:
     with pytest.raises(StoreError, match="ahead"):
-        async with aclosing(store.changes("99")) as feed:
+        async with store.changes("99") as feed:
             await take(feed, 1)
     with pytest.raises(StoreError, match="cursor"):
-        async with aclosing(store.changes("nope")) as feed:
+        async with store.changes("nope") as feed:
             await take(feed, 1)
 
 
@@ -377,7 +376,7 @@ async def test_feed_reports_invalid_stored_records(store: LocalStore, tmp_path: 
             (DID, SPACE, MESSAGE, "bad", "bafyreibad", json.dumps({"$type": MESSAGE, "role": 7})),
         )
     db.close()
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         [change] = await take(feed, 1)
     assert change.key == "bad" and change.error
     assert change.record == {"$type": MESSAGE, "role": 7}
@@ -389,7 +388,7 @@ async def test_writes_in_this_process_wake_the_feed_at_once(tmp_path: Path) -> N
     async with (
         LocalStore.open(tmp_path, poll_interval=60) as reader,
         LocalStore.open(tmp_path, poll_interval=60) as writer,
-        aclosing(reader.changes()) as feed,
+        reader.changes() as feed,
     ):
         got: list[Change] = []
         async with anyio.create_task_group() as tg:
@@ -483,7 +482,7 @@ async def test_two_processes_race_create_record(tmp_path: Path) -> None:
 
 @pytest.mark.reliability
 async def test_write_from_another_process_reaches_the_feed(tmp_path: Path) -> None:
-    async with LocalStore.open(tmp_path) as store, aclosing(store.changes()) as feed:
+    async with LocalStore.open(tmp_path) as store, store.changes() as feed:
         results = _spawn.Queue()
         proc = _spawn.Process(target=_write_worker, args=(str(tmp_path), "k", results))
         proc.start()

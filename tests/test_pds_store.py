@@ -6,7 +6,6 @@ import json
 import statistics
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -236,7 +235,7 @@ async def test_feed_from_start_then_a_direct_write_live(
     await store.create_record(did, SPACE, MESSAGE, "a", message("a"))
     two = await store.put_record(did, SPACE, MESSAGE, "b", message("b"))
     direct = await direct_client(pds, pds_account)
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         backfill = await take(feed, 2)
         assert sorted((c.key, c.op, c.live) for c in backfill) == [
             ("a", "create", False),
@@ -283,7 +282,7 @@ async def test_feed_from_start_then_a_direct_write_live(
 
 
 async def test_feed_resumes_from_its_cursor_exactly_once(store: PdsStore, did: str) -> None:
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         await start(feed, store, did)
         for i in range(12):
             await store.create_record(did, SPACE, MESSAGE, f"k{i:03}", message())
@@ -292,7 +291,7 @@ async def test_feed_resumes_from_its_cursor_exactly_once(store: PdsStore, did: s
     assert first[-1].live
     for i in range(12, 30):
         await store.create_record(did, SPACE, MESSAGE, f"k{i:03}", message())
-    async with aclosing(store.changes(cursor)) as feed:
+    async with store.changes(cursor) as feed:
         rest = await take(feed, 18)
         await store.create_record(did, SPACE, MESSAGE, "k030", message())
         [last] = await take(feed, 1)
@@ -312,7 +311,7 @@ async def test_multi_op_commit_cursor_waits_for_its_last_op(
     pds: PdsServer, pds_account: Account, store: PdsStore, did: str
 ) -> None:
     direct = await direct_client(pds, pds_account)
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         await start(feed, store, did)
         await store.create_record(did, SPACE, MESSAGE, "before", message())
         [before] = await take(feed, 1)
@@ -337,7 +336,7 @@ async def test_feed_from_a_cursor_ahead_of_the_pds_sweeps(store: PdsStore, did: 
     await store.create_record(did, SPACE, MESSAGE, "old", message())
     endpoint = (await store._session_for(did)).endpoint
     ahead = json.dumps({endpoint: 10**9})
-    async with aclosing(store.changes(ahead)) as feed:
+    async with store.changes(ahead) as feed:
         # FutureCursor: the firehose restarts from now and a sweep reports what is there.
         [old] = await take(feed, 1)
         assert (old.key, old.op, old.live) == ("old", "create", False)
@@ -346,7 +345,7 @@ async def test_feed_from_a_cursor_ahead_of_the_pds_sweeps(store: PdsStore, did: 
         assert (new.key, new.live) == ("new", True)
         assert decode_cursor(new.cursor)[endpoint] < 10**9
     with pytest.raises(StoreError, match="cursor"):
-        async with aclosing(store.changes("nope")) as feed:
+        async with store.changes("nope") as feed:
             await take(feed, 1)
 
 
@@ -354,7 +353,7 @@ async def test_feed_reports_invalid_records_written_directly(
     pds: PdsServer, pds_account: Account, store: PdsStore, did: str
 ) -> None:
     direct = await direct_client(pds, pds_account)
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         await start(feed, store, did)
         await direct.com.atproto.repo.create_record(
             {
@@ -380,7 +379,7 @@ async def test_an_unreachable_pds_stops_no_other_account(
         [down, account_of(pds, pds_account)], sweep_interval=0.5
     ) as store:
         assert store.dids == [did]
-        async with aclosing(store.changes()) as feed:
+        async with store.changes() as feed:
             await start(feed, store, did)
             await store.create_record(did, SPACE, MESSAGE, "k", message())
             [c] = await take(feed, 1)
@@ -392,7 +391,7 @@ async def test_two_accounts_one_feed(pds: PdsServer, pds_account: Account) -> No
     async with await PdsStore.open(
         [account_of(pds, pds_account), account_of(pds, other)], sweep_interval=0.5
     ) as store:
-        async with aclosing(store.changes()) as feed:
+        async with store.changes() as feed:
             await start(feed, store, pds_account.did)
             await store.create_record(pds_account.did, SPACE, MESSAGE, "a", message())
             await store.create_record(other.did, SPACE, MESSAGE, "b", message())
@@ -405,7 +404,7 @@ async def test_two_accounts_one_feed(pds: PdsServer, pds_account: Account) -> No
 async def test_firehose_latency(store: PdsStore, did: str) -> None:
     """createRecord returns -> the change is out of the feed, over 200 writes."""
     latencies: list[float] = []
-    async with aclosing(store.changes()) as feed:
+    async with store.changes() as feed:
         await start(feed, store, did)
         for i in range(200):
             await store.create_record(did, SPACE, MESSAGE, f"l{i:03}", message())
@@ -433,7 +432,7 @@ async def test_feed_of_a_store_used_without_async_with(
         await store.create_record(did, SPACE, MESSAGE, "a", message())
         keys: list[str] = []
         with anyio.fail_after(30):
-            async with aclosing(store.changes()) as feed:
+            async with store.changes() as feed:
                 async for change in feed:
                     keys.append(change.key)
                     if change.key == "a":

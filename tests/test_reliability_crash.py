@@ -227,8 +227,9 @@ async def test_kill_writer_mid_write_many_times(tmp_path: Path) -> None:
     async with LocalStore.open(data, poll_interval=0.05) as watcher:
 
         async def follow() -> None:
-            async for change in watcher.changes(None):
-                live_seen.append(int(change.cursor))
+            async with watcher.changes(None) as feed:
+                async for change in feed:
+                    live_seen.append(int(change.cursor))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow)
@@ -255,11 +256,12 @@ async def test_kill_writer_mid_write_many_times(tmp_path: Path) -> None:
                 n_ops = await anyio.to_thread.run_sync(_check_consistent, data / DB_NAME, head)
                 assert n_ops > head, "the writer wrote nothing"
                 async with LocalStore.open(data) as store:
-                    async for change in store.changes(stored_cursor):
-                        resumed_seen.append(int(change.cursor))
-                        stored_cursor = change.cursor
-                        if int(change.cursor) == n_ops:
-                            break
+                    async with store.changes(stored_cursor) as feed:
+                        async for change in feed:
+                            resumed_seen.append(int(change.cursor))
+                            stored_cursor = change.cursor
+                            if int(change.cursor) == n_ops:
+                                break
                 head = n_ops
             zygote.stdin.close()
             await anyio.to_thread.run_sync(zygote.wait)

@@ -71,8 +71,9 @@ class Kit:
     async def feed(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """The change feed into the trigger rules, as the daemon wires it."""
         task_status.started()
-        async for change in self.store.changes(None):
-            await self.engine.on_change(change, self.owners)
+        async with self.store.changes(None) as feed:
+            async for change in feed:
+                await self.engine.on_change(change, self.owners)
             self.seen.append(change)
             self._delivered.set()
             self._delivered = anyio.Event()
