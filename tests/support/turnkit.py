@@ -74,9 +74,9 @@ class Kit:
         async with self.store.changes(None) as feed:
             async for change in feed:
                 await self.engine.on_change(change, self.owners)
-            self.seen.append(change)
-            self._delivered.set()
-            self._delivered = anyio.Event()
+                self.seen.append(change)
+                self._delivered.set()
+                self._delivered = anyio.Event()
 
     async def delivered(self, key: str, wait: float = 10) -> Change:
         """The change of record ``key`` once the feed has delivered it and the rules ran."""
