@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import unquote
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
@@ -26,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.cors import CORSMiddleware
 
 import recordstore
-from daemon import echo, tools_http, webui, xrpc
+from daemon import echo, tools_http, uploads, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.conversations import router as conversations_api
 from daemon.deps import AccountDep, ConversationDep, ConversationKeyDep, ServiceDep
@@ -300,20 +299,31 @@ async def attachments(
     content_type: Annotated[str | None, Header()] = None,
     x_filename: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
-    data = await request.body()
-    if not data:
-        raise HTTPException(400, "the request body (the file) is empty")
-    mime = blob_mime(data, content_type)
-    if mime in IMAGE_TYPES:
-        _check_size(len(data), MAX_IMAGE_BYTES, "an image")
-        blob = await service.store.upload_blob(acct.did, data, mime)
+    guard = uploads.guard_for(service)
+    try:
+        # SPEC §12: two at once per account, the account's cap, 507 on a full disk.
+        async with guard.slot(acct.did):
+            data = await request.body()
+            if not data:
+                raise HTTPException(400, "the request body (the file) is empty")
+            mime = blob_mime(data, content_type)
+            image = mime in IMAGE_TYPES
+            if image:
+                _check_size(len(data), MAX_IMAGE_BYTES, "an image")
+            else:
+                _check_size(len(data), MAX_FILE_BYTES, "a file")
+            cap = uploads.storage_cap(service, acct.did)
+            blob = await guard.store(service.store, acct.did, data, mime, cap)
+    except uploads.UploadError as err:
+        return JSONResponse({"error": err.error, "message": err.message}, status_code=err.status)
+    if image:
         return {"part": {"$type": IMAGE_PART, "image": blob}}
-    _check_size(len(data), MAX_FILE_BYTES, "a file")
-    blob = await service.store.upload_blob(acct.did, data, mime)
     part: dict[str, Any] = {"$type": FILE_PART, "file": blob}
-    if x_filename:
-        # Non-ASCII names travel percent-encoded: HTTP headers are Latin-1.
-        part["name"] = unquote(x_filename)[:1024]
+    # Non-ASCII names travel percent-encoded (HTTP headers are Latin-1); what is kept
+    # is a base name without control characters, at most 255 bytes.
+    name = uploads.clean_filename(x_filename)
+    if name:
+        part["name"] = name
     return {"part": part}
 
 

@@ -28,6 +28,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 import recordstore
+from daemon import uploads
 from daemon.auth import (
     ACCESS_SCOPE,
     REFRESH_SCOPE,
@@ -589,14 +590,24 @@ class _Xrpc:
 
     async def upload_blob(self, request: Request) -> dict[str, Any]:
         did = self._claims(request, ACCESS_SCOPE).did
-        data = await request.body()
-        if not data:
-            raise XrpcError(400, "InvalidRequest", "Request body is empty")
-        if len(data) > MAX_BLOB_BYTES:
-            raise XrpcError(413, "PayloadTooLarge", f"blobs may be at most {MAX_BLOB_BYTES} bytes")
-        # The store types the blob from its bytes (the declared type is the fallback) and
-        # answers the ref it stored.
-        blob = await self._store.upload_blob(did, data, request.headers.get("content-type", ""))
+        guard = uploads.guard_for(self._service)
+        try:
+            # SPEC §12: two at once per account, the account's cap, 507 on a full disk.
+            async with guard.slot(did):
+                data = await request.body()
+                if not data:
+                    raise XrpcError(400, "InvalidRequest", "Request body is empty")
+                if len(data) > MAX_BLOB_BYTES:
+                    raise XrpcError(
+                        413, "PayloadTooLarge", f"blobs may be at most {MAX_BLOB_BYTES} bytes"
+                    )
+                # The store types the blob from its bytes (the declared type is the
+                # fallback) and answers the ref it stored.
+                cap = uploads.storage_cap(self._service, did)
+                mime = request.headers.get("content-type", "")
+                blob = await guard.store(self._store, did, data, mime, cap)
+        except uploads.UploadError as err:
+            raise XrpcError(err.status, err.error, err.message) from None
         return {"blob": blob}
 
     async def get_blob(

@@ -382,6 +382,12 @@ class LocalStore(RecordStore):
         )
         return {"$type": "blob", "ref": {"$link": cid}, "mimeType": mime_type, "size": len(data)}
 
+    async def blob_usage(self, did: str) -> int:
+        """Bytes of ``did``'s blobs, for ``[accounts.X] maxStorageBytes`` (SPEC §12)."""
+        validate_did(did)
+        rows = await self._read("SELECT COALESCE(SUM(size), 0) FROM blobs WHERE did = ?", (did,))
+        return int(rows[0][0])
+
     async def blob_info(self, did: str, cid: str) -> tuple[str, int] | None:
         """``(mime type, size)`` of ``did``'s blob ``cid``, or None."""
         validate_did(did)
