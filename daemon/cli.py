@@ -74,6 +74,12 @@ listen = "{listen}"
 # cors_origins = ["https://chat.example.com"]   # default: none (CORS off)
 # web = true                                    # the built-in chat page at /
 # max_body_bytes = 52428800                     # largest upload (attachments)
+# allowed_hosts = ["chat.example.com"]          # Host names besides our own ("host" or "host:port")
+# header_timeout = 10                           # seconds a connection has to send its request head
+# max_connections = 1000                        # open at once; new ones get 503 beyond
+
+# [xrpc]
+# public_reads = false          # true: getRecord/listRecords/describeRepo/getBlob need no login
 
 [models]
 default = "{default_model}"   # provider:id, the last resort of model resolution
@@ -95,6 +101,7 @@ handle = "{handle}"
 password_env = "{password_env}"   # local store: the password createSession checks; pds: the app password
 token_env = "{token_env}"         # the bearer token for /api routes
 # did = "did:plc:..."                # pds: the account's DID (else resolved from the handle)
+# maxStorageBytes = 1073741824       # cap on this account's blobs (413 beyond); default none
 
 [plugins]
 enabled = []                   # e.g. ["clock"]; no tool is on unless named here
