@@ -131,7 +131,8 @@ def create_app(service: Any) -> FastAPI:
 def _add_ops_routes(app: FastAPI, service: Any) -> None:
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> Response:
-        store_ok = await _store_up(service)
+        # Final records the store refused count as the store being down (SPEC §12).
+        store_ok = service.engine.store_writable and await _store_up(service)
         feed_ok = bool(getattr(service, "feed_up", False))
         body = {"store": store_ok, "changeFeed": feed_ok, **tools_http.tool_health(service)}
         if store_ok and feed_ok:

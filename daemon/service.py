@@ -246,7 +246,7 @@ class Service:
             for account in self.accounts:
                 if account.did:
                     await self.store.create_space(account.did, SETTINGS, SETTINGS_SPACE)
-            await self.engine.recover()
+            await self.engine.recover(a.did for a in self.accounts if a.did)
 
             config = uvicorn.Config(
                 create_app(self),

@@ -1,7 +1,8 @@
 """The seed's size rule: a reply record stays under 900 KB of JSON.
 
 The largest tool outputs move to ``outputBlob`` blobs, a short summary left in
-``output``; a record still too large becomes an ``error`` without its parts.
+``output``; a record still too large keeps the parts that fit, cut at a part boundary, as an
+``error`` saying where it was cut.
 """
 
 from __future__ import annotations
@@ -38,12 +39,35 @@ async def fit_record(store: RecordStore, did: str, record: dict[str, Any]) -> di
         size = _size(record)
     if size <= RECORD_LIMIT:
         return record
-    return {
-        **record,
-        "content": {**record["content"], "parts": []},
-        "status": "error",
-        "error": f"the reply is too large to store ({size} bytes of JSON, limit {RECORD_LIMIT})",
-    }
+    return _cut(record, parts, size)
+
+
+def _cut(record: dict[str, Any], parts: list[dict[str, Any]], size: int) -> dict[str, Any]:
+    """Keep the longest run of whole parts from the start that fits (SPEC §12): what the
+    subscribers saw is cut at a part boundary, never thrown away whole."""
+    total = len(parts)
+    error = (
+        f"the reply is too large to store ({size} bytes of JSON, limit {RECORD_LIMIT}): "
+        f"kept the first {{kept}} of {total} parts"
+    )
+
+    def cut_at(kept: int) -> dict[str, Any]:
+        return {
+            **record,
+            "content": {**record["content"], "parts": parts[:kept]},
+            "status": "error",
+            "error": error.format(kept=kept),
+        }
+
+    # Sizes add up part by part (plus a comma each), so one pass finds the cut.
+    budget = RECORD_LIMIT - _size(cut_at(0)) - 16  # the count in `error` may grow
+    kept = 0
+    for part in parts:
+        budget -= _size(part) + 1
+        if budget < 0:
+            break
+        kept += 1
+    return cut_at(kept)
 
 
 def _size(record: dict[str, Any]) -> int:

@@ -18,6 +18,10 @@ from recordstore.vocabulary import TOOL_CALL_PART as TOOL_CALL
 from recordstore.vocabulary import TOOL_RESULT_PART as TOOL_RESULT
 from turns.streams import StreamBuffer
 
+# The lexicons' maxLength of a text or reasoning part, in UTF-8 bytes: a longer run
+# continues in a new part of the same type (SPEC §12), so nothing streamed is lost.
+PART_TEXT_BYTES = 500_000
+
 _EVENT_TYPE = {
     TEXT: "text",
     REASONING: "reasoning",
@@ -39,12 +43,13 @@ def tool_output(value: Any) -> str:
 class _Run:
     """A text or reasoning part being streamed."""
 
-    __slots__ = ("index", "type", "chunks", "provider_data")
+    __slots__ = ("index", "type", "chunks", "size", "provider_data")
 
     def __init__(self, index: int, type_: str) -> None:
         self.index = index
         self.type = type_
         self.chunks: list[str] = []
+        self.size = 0  # UTF-8 bytes so far
         self.provider_data: dict[str, Any] | None = None
 
 
@@ -66,10 +71,27 @@ class PartsBuilder:
     def _delta(self, type_: str, delta: str) -> None:
         run = self._run
         if run is None or run.type != type_:
-            self.end_run()
-            run = self._run = _Run(len(self.parts), type_)
-            self.parts.append({"$type": type_, "text": ""})
-            self._publish_start(run.index, type_)
+            run = self._new_run(type_)
+        size = len(delta.encode())
+        while run.size + size > PART_TEXT_BYTES:
+            head = _utf8_prefix(delta, PART_TEXT_BYTES - run.size)
+            if head:
+                self._append(run, head)
+            delta = delta[len(head):]
+            size = len(delta.encode())
+            run = self._new_run(type_)
+        if delta:
+            self._append(run, delta)
+            run.size += size
+
+    def _new_run(self, type_: str) -> _Run:
+        self.end_run()
+        run = self._run = _Run(len(self.parts), type_)
+        self.parts.append({"$type": type_, "text": ""})
+        self._publish_start(run.index, type_)
+        return run
+
+    def _append(self, run: _Run, delta: str) -> None:
         run.chunks.append(delta)
         if self.first_delta_at is None:
             self.first_delta_at = time.monotonic()
@@ -132,3 +154,8 @@ class PartsBuilder:
     def finish(self) -> list[dict[str, Any]]:
         self.end_run()
         return self.parts
+
+
+def _utf8_prefix(text: str, limit: int) -> str:
+    """The longest prefix of ``text`` whose UTF-8 encoding fits in ``limit`` bytes."""
+    return text.encode()[:max(limit, 0)].decode(errors="ignore")

@@ -15,6 +15,7 @@ class RateLimiter:
         self._clock = clock
         self._starts: dict[str, deque[float]] = {}
         self._lock: dict[str, anyio.Lock] = {}
+        self._queued: dict[str, int] = {}
         self.waiting = 0
 
     def _window(self, user: str, now: float) -> deque[float]:
@@ -34,6 +35,28 @@ class RateLimiter:
     def _lock_held(self, user: str) -> bool:
         lock = self._lock.get(user)
         return lock is not None and lock.locked()
+
+    def join_queue(self, user: str, max_queued: int) -> bool:
+        """Take a place in ``user``'s queue; False when ``max_queued`` are already waiting.
+
+        Synchronous, so that a burst of starts cannot all pass the bound before any
+        of them is counted.
+        """
+        queued = self._queued.get(user, 0)
+        if queued >= max_queued:
+            return False
+        self._queued[user] = queued + 1
+        return True
+
+    def leave_queue(self, user: str) -> None:
+        queued = self._queued.get(user, 0) - 1
+        if queued > 0:
+            self._queued[user] = queued
+        else:
+            self._queued.pop(user, None)
+
+    def queued(self, user: str) -> int:
+        return self._queued.get(user, 0)
 
     async def acquire(self, user: str, per_minute: int) -> None:
         """Wait (first come, first served per user) until a turn may start."""

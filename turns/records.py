@@ -129,10 +129,11 @@ def unstorable(record: Mapping[str, Any], reason: object) -> dict[str, Any]:
     }
 
 
-def interrupted(placeholder: Mapping[str, Any]) -> dict[str, Any]:
-    """A claim whose runner stopped before finishing (found at the next start)."""
+def interrupted(placeholder: Mapping[str, Any], reason: str = "interrupted") -> dict[str, Any]:
+    """A claim whose runner stopped before finishing (found at the next start), or one
+    too old for any live turn to own (``reason="abandoned"``)."""
     value = {k: v for k, v in placeholder.items() if k != "claim"}
-    value.update(status="error", error="interrupted")
+    value.update(status="error", error=reason)
     return value
 
 

@@ -31,6 +31,9 @@ _TOML_KEYS = {
     "imageMaxPixels": "image_max_pixels",
     "fileTextMaxBytes": "file_text_max_bytes",
     "maxAttachmentBytes": "max_attachment_bytes",
+    # SPEC §12: the queue bound and abandoned claims; §14's approval wait bounds the latter.
+    "maxQueued": "max_queued",
+    "abandonAfterMinutes": "abandon_after_minutes",
     "approvalTimeoutSeconds": "approval_timeout_seconds",
 }
 
@@ -54,7 +57,19 @@ class TurnSettings:
     image_max_pixels: int = 2048
     file_text_max_bytes: int = 200_000
     max_attachment_bytes: int = 64 * 1024 * 1024
+    max_queued: int = 1000  # per account, waiting for the rate limit
+    abandon_after_minutes: float = 60
     approval_timeout_seconds: float = 300  # a tool call waiting for the user's yes (SPEC §14)
+
+    @property
+    def abandon_after_seconds(self) -> float:
+        """How old a pending reply must be before no live turn can own it (SPEC §12).
+
+        Never less than the longest a live turn can take: its timeout, an approval
+        wait on every step, and five minutes of slack.
+        """
+        longest = self.timeout_seconds + self.max_steps * self.approval_timeout_seconds + 300
+        return max(self.abandon_after_minutes * 60, longest)
 
     @classmethod
     def from_toml(cls, table: dict[str, Any]) -> TurnSettings:

@@ -6,6 +6,8 @@ Several daemons may serve one store, each with its own state file.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,6 +17,8 @@ import aiosqlite
 import anyio
 
 from recordstore.files import private_file
+
+log = logging.getLogger("turnd.turns")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -49,21 +53,20 @@ class TurnClaim:
 
 
 class StateDB:
-    def __init__(self, db: aiosqlite.Connection, instance_id: str) -> None:
+    def __init__(
+        self, db: aiosqlite.Connection, instance_id: str, path: Path | None = None
+    ) -> None:
         self._db = db
         self._lock = anyio.Lock()
         self.instance_id = instance_id
+        self._path = path
+        self._inode = _inode(path) if path is not None else None
 
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
         path = Path(path)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        private_file(path)  # SPEC §12: claims and cursors are nobody else's to read
-        db = await aiosqlite.connect(path, isolation_level=None)
+        db = await _connect(path)
         try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=NORMAL")
-            await db.execute("PRAGMA busy_timeout=5000")
             await db.executescript(_SCHEMA)
         except Exception as exc:
             await db.close()
@@ -74,7 +77,28 @@ class StateDB:
             await db.execute("INSERT INTO meta VALUES ('instance', ?)", (instance,))
         else:
             instance = row[0]
-        return cls(db, instance)
+        return cls(db, instance, path)
+
+    async def ensure_file(self) -> bool:
+        """Recreate the state file if it was deleted (or replaced) while running.
+
+        True when it had to. The open connection still reads the old file's inode,
+        so everything it held — claims, requests, cursors, the instance id — is
+        copied to a new file at the same path, which the connection then uses.
+        """
+        if self._path is None or _inode(self._path) == self._inode:
+            return False
+        log.error(
+            "the state file %s disappeared while running; recreating it from memory", self._path
+        )
+        async with self._lock:
+            if _inode(self._path) is None:
+                self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                await self._db.execute("VACUUM INTO ?", (str(self._path),))
+            old, self._db = self._db, await _connect(self._path)
+            await old.close()
+            self._inode = _inode(self._path)
+        return True
 
     async def aclose(self) -> None:
         await self._db.close()
@@ -128,3 +152,25 @@ class StateDB:
 
     async def set_cursor(self, name: str, value: str) -> None:
         await self._run("INSERT OR REPLACE INTO cursor VALUES (?, ?)", (name, value))
+
+
+async def _connect(path: Path) -> aiosqlite.Connection:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_file(path)  # SPEC §12: claims and cursors are nobody else's to read
+    db = await aiosqlite.connect(path, isolation_level=None)
+    try:
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA busy_timeout=5000")
+    except Exception as exc:
+        await db.close()
+        raise ValueError(f"{path}: not a turnd state file ({exc})") from None
+    return db
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino

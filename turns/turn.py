@@ -16,6 +16,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,19 @@ import httpx
 
 from plugins import AFTER_MODEL, BEFORE_MODEL, TURN_AFTER, HookError, PluginSet, Tool, ToolContext
 from plugins.context import TurnContext
-from recordstore import MESSAGE, InvalidRecord, InvalidSwap, RecordExists, RecordStore
+from recordstore import (
+    MESSAGE,
+    InvalidRecord,
+    InvalidSwap,
+    RecordExists,
+    RecordStore,
+    StoreError,
+)
 from recordstore.keys import reply_key
 from turns import conversations, records
 from turns.approval import ApprovalGate, Approvals, pending_reply
 from turns.conversations import Conversation
+from turns.final_writes import FinalWrites
 from turns.fit import fit_record
 from turns.generate import TurnFailed, Usage, run_steps, scrub
 from turns.metrics import TurnMetrics
@@ -51,6 +60,8 @@ from turns.toolcalls import Observe, ToolRun
 from turns.window import turn_prompt
 
 log = logging.getLogger("turnd.turns")
+
+QUEUE_FULL = "too many turns waiting for the rate limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +118,7 @@ class TurnServices:
     # The engine's running set: a turn is in it while there is something to cancel.
     running: dict[TurnAddress, Turn]
     titles: Titles
+    final_writes: FinalWrites
     cache_dir: Path | None = None  # image derivatives, by CID (turns.attachments)
     # SPEC §14: the tools a turn may offer (plugins' and [tools.NAME] sources'), approvals.
     tools: Any = None  # plugins.sources.ToolCatalog; None: the plugins' tools only
@@ -145,25 +157,39 @@ class Turn:
         self.scope.cancel()
 
     async def run(self) -> None:
-        """The seed's ten steps. Returns once the final record is written (or none is due)."""
-        a, state = self.address, self._s.state
+        """The seed's ten steps. Returns once the final record is written (or none is due).
+
+        The rate-limit wait comes before the load (SPEC §12): a queued turn holds
+        only its address, so a thousand of them cost a few MB whatever the
+        conversations hold; the conversation is read when the turn leaves the queue.
+        """
+        a, s, state = self.address, self._s, self._s.state
+        # 3. Rate limit: wait unclaimed, holding nothing but the address.
+        was_queued = not s.limiter.try_acquire(a.did, self._settings.rate_per_minute)
+        if was_queued:
+            if not s.limiter.join_queue(a.did, self._settings.max_queued):
+                await self._refuse(QUEUE_FULL)
+                return
+            try:
+                if not await self._wait_in_queue():
+                    return  # shutting down: the request stays in turn_request for the next start
+            finally:
+                s.limiter.leave_queue(a.did)
         # 1. Load, once per turn.
-        self.conversation = await conversations.load(self._s.store, a.did, a.skey)
+        self.conversation = await conversations.load(s.store, a.did, a.skey)
         user_message = self.conversation.messages.get(a.user_key)
         if user_message is None:
             await state.drop_request(a.did, a.skey, a.user_key, a.attempt)
+            if self.buffer is not None:
+                self.buffer.close()
             return
         self.user_message = user_message
         self.chain = branch(self.conversation.messages, a.user_key)
         generation = user_message.get("generation") or {}
         # 2. Choose the model and effort.
         preferences = self.conversation.preferences
-        self.model = choose_model(generation, self.chain[:-1], preferences, self._s.default_model)
+        self.model = choose_model(generation, self.chain[:-1], preferences, s.default_model)
         self.effort = choose_effort(generation, preferences)
-        # 3. Rate limit: wait unclaimed.
-        was_queued = not self._s.limiter.try_acquire(a.did, self._settings.rate_per_minute)
-        if was_queued and not await self._wait_in_queue():
-            return  # shutting down: the request stays in turn_request for the next start
         # 4. Claim.
         if not await self._claim():
             return
@@ -173,12 +199,32 @@ class Turn:
             # 5-9. Resolve the provider, build the prompt, filter, generate and stream.
             status, error, parts, started = await self._generate()
         finally:
-            self._s.running.pop(a, None)
+            s.running.pop(a, None)
         # 10. Finish.
-        await self._finish(status, error, parts, started)
-        # Only once the final record is written: if that write failed (a store down for
-        # longer than its retries), the claim stays and the next start marks it interrupted.
-        await state.drop_claim(a.did, a.skey, a.reply)
+        if await self._finish(status, error, parts, started):
+            # Only once the final record is written: while it is not, the claim stays
+            # (the background retry drops it; a restart marks the reply interrupted).
+            await state.drop_claim(a.did, a.skey, a.reply)
+
+    async def _refuse(self, message: str) -> None:
+        """Answer the turn with an error reply, claiming it as any runner would."""
+        a, s = self.address, self._s
+        buffer = s.streams.open(a.did, a.skey, a.reply)
+        try:
+            await s.store.create_record(
+                a.did, a.skey, MESSAGE, a.reply, records.error_reply(a.user_key, message)
+            )
+        except RecordExists:
+            self._start.set("answered")
+            await self._close_with_stored_status(buffer)
+            return
+        except BaseException:
+            buffer.close()
+            raise
+        self._start.set("claimed")
+        s.metrics.turns.labels("error").inc()
+        buffer.publish("status", {"status": "error", "error": message})
+        buffer.close()
 
     # -- 3. the rate limit -----------------------------------------------------------------
 
@@ -230,7 +276,7 @@ class Turn:
             await s.state.drop_claim(a.did, a.skey, a.reply)
             await s.state.drop_request(a.did, a.skey, a.user_key, a.attempt)
             self._start.set("answered")
-            await self._close_with_stored_status()
+            await self._close_with_stored_status(self.buffer)
             return False
         except BaseException:
             s.running.pop(a, None)
@@ -348,9 +394,10 @@ class Turn:
 
     async def _finish(
         self, status: str, error: str | None, parts: PartsBuilder, started: float
-    ) -> None:
+    ) -> bool:
         """``message:afterModel``, the final record, ``turn:after``; shielded so a
-        shutdown cannot leave the reply pending."""
+        shutdown cannot leave the reply pending. False when the store refused the
+        record: the stream still gets its status, and the write is retried."""
         a, s = self.address, self._s
         assert self.buffer is not None
         with anyio.CancelScope(shield=True):
@@ -362,12 +409,28 @@ class Turn:
                 record = await s.plugins.filter(AFTER_MODEL, record, self.context)
             except HookError as exc:
                 record = records.failed(record, scrub(str(exc), s.secrets))
-            record = await self._write_final(record)
-            s.running.pop(a, None)  # written: nothing left to cancel
+            try:
+                record = await self._write_final(record)
+                written = True
+                s.final_writes.succeeded()
+            except StoreError as exc:
+                written = False
+                log.error("could not store the reply %s/%s: %s", a.skey, a.reply, exc)
+                s.final_writes.retry(
+                    f"{a.skey}/{a.reply}",
+                    partial(self._write_final, record),
+                    partial(s.state.drop_claim, a.did, a.skey, a.reply),
+                )
+                record = records.failed(
+                    record, scrub(f"could not store the reply: {exc}", s.secrets)
+                )
+            s.running.pop(a, None)  # written (or handed to the retry): nothing left to cancel
             self.buffer.publish("status", records.status_event(record, self.model))
             self.buffer.close()
             ttft = parts.first_delta_at - started if parts.first_delta_at is not None else None
             self._observe(record, ttft, time.monotonic() - started)
+            if not written:
+                return False
             await conversations.touch_ref(s.store, a.did, a.skey)
             conversation = self.conversation
             if record["status"] == "complete" and title_wanted(
@@ -379,9 +442,13 @@ class Turn:
                 await s.plugins.action(TURN_AFTER, self.context)
             except Exception:
                 log.exception("turn:after hook failed for %s/%s", a.skey, a.reply)
+        return True
 
     async def _write_final(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Put the final record; large tool outputs go to blobs; what cannot be stored is an error."""
+        """Put the final record; large tool outputs go to blobs; what cannot be stored is an error.
+
+        StoreError (the store refused or could not be reached) goes to the caller.
+        """
         a, store = self.address, self._s.store
         record = await fit_record(store, a.did, record)
         swap = self._placeholder_cid
@@ -396,13 +463,12 @@ class Turn:
             await store.put_record(a.did, a.skey, MESSAGE, a.reply, fallback, swap_cid=swap)
             return fallback
 
-    async def _close_with_stored_status(self) -> None:
+    async def _close_with_stored_status(self, buffer: StreamBuffer) -> None:
         a = self.address
-        assert self.buffer is not None
         record = await self._s.store.get_record(a.did, a.skey, MESSAGE, a.reply)
         status = record.value.get("status", "pending") if record else "pending"
-        self.buffer.publish("status", {"status": status})
-        self.buffer.close()
+        buffer.publish("status", {"status": status})
+        buffer.close()
 
     def _observe(self, record: Mapping[str, Any], ttft: float | None, duration: float) -> None:
         a, model, metrics = self.address, self.model, self._s.metrics
