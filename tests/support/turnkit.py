@@ -116,6 +116,8 @@ async def turn_kit(
     cache_dir: Path | None = None,
     context: int | None = None,
     model_context: dict[str, int] | None = None,
+    data_dir: Path | None = None,
+    **engine_options: Any,
 ) -> AsyncIterator[Kit]:
     providers = {
         "fake": Provider(
@@ -123,7 +125,7 @@ async def turn_kit(
         ),
         "other": Provider("other", fake.base_url, API_KEY, ()),
     }
-    async with LocalStore.open(tmp / "data") as store:
+    async with LocalStore.open(data_dir or tmp / "data") as store:
         state = await StateDB.open(state_path or tmp / "state.sqlite3")
         kit: Kit
         engine = TurnEngine(
@@ -135,6 +137,7 @@ async def turn_kit(
             plugins,
             user_tools=user_tools,
             cache_dir=cache_dir,
+            **engine_options,
         )
         kit = Kit(store, state, engine, fake, settings or TurnSettings(retries=0))
         if not titles:
