@@ -47,9 +47,11 @@ def iso(delta: timedelta) -> str:
     return (datetime.now(UTC) + delta).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-async def wait_for(predicate: Any, timeout: float = 10) -> None:
-    with anyio.fail_after(timeout):
-        while not await predicate():
+async def wait_for(predicate: Any, seconds: float = 10) -> None:
+    with anyio.fail_after(seconds):
+        while True:
+            if await predicate():
+                return
             await anyio.sleep(0.02)
 
 
