@@ -71,6 +71,19 @@ class Script:
             return Reply.text(["It is ", "late."])
         if text.startswith("think"):
             return Reply.reasoning(["Let me ", "think."], ["The **answer** ", "is 42."])
+        if text.startswith("sources"):
+            # SPEC §12: sourceParts whose URLs must not become links, next to one that may.
+            cites = [
+                {"type": "url_citation", "url_citation": {"url": url, "title": title}}
+                for url, title in (
+                    ("javascript:alert(document.domain)", "script"),
+                    ("data:text/html,<script>alert(1)</script>", "data"),
+                    ("https://example.invalid/ok", "fine"),
+                )
+            ]
+            return Reply.text(["See [bad](javascript:alert(1)) and the sources."]).with_extra(
+                delta={"annotations": cites}
+            )
         if text.startswith("markdown"):
             return Reply.text(
                 ["# Title\n\nSome *emphasis*, `code`, <b>raw</b>, ",
@@ -367,6 +380,19 @@ def test_send_and_stream_with_markdown(page: Any, api: httpx.Client) -> None:
     page.get_by_role("button", name="Conversations").click()
     shot(page, "05-phone-menu")
     page.keyboard.press("Escape")
+
+
+def test_links_open_only_http_https_mailto(page: Any) -> None:
+    send(page, "sources please")
+    reply = reply_to(page, "sources please")
+    wait_status(reply, "complete")
+    reply.locator("a", has_text="fine").wait_for()
+    hrefs = [a.get_attribute("href") or "" for a in reply.locator("a").all()]
+    assert "https://example.invalid/ok" in hrefs
+    assert not [h for h in hrefs if not h.startswith(("http:", "https:", "mailto:"))], hrefs
+    # The refused ones are still shown, as text.
+    assert reply.locator(".source-unsafe").count() == 2
+    assert "javascript:alert(1)" in reply.locator(".markdown").inner_text()
 
 
 def test_reload_mid_stream_resumes_without_gap_or_repeat(page: Any, api: httpx.Client) -> None:
