@@ -34,7 +34,7 @@ from atproto_lexicon.refs import find_unresolved_refs
 
 from recordstore import InvalidRecord
 
-__all__ = ["validate_record", "has_lexicon"]
+__all__ = ["Lexicons", "check_format", "has_lexicon", "validate_data", "validate_record"]
 
 Check = Callable[[Any], None]
 
@@ -52,7 +52,7 @@ _GRAPHEME = regex.compile(r"\X")
 # The atproto datetime grammar; the SDK's validator below adds the calendar checks.
 _DATETIME = re.compile(
     r"^[0-9]{4}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9](\.[0-9]+)?"
-    r"(Z|[+-][0-2][0-9]:[0-5][0-9])$"
+    r"(?P<offset>Z|[+-][0-2][0-9]:[0-5][0-9])$"
 )
 # The SDK only checks string formats when asked through a pydantic validation
 # context; this stand-in carries that opt-in so its public validators can be reused.
@@ -192,13 +192,14 @@ def _check_data(v: Any, depth: int = 0) -> None:
             if typ == "blob":
                 _check_blob(v)
                 return
-        if len(v) == 1:
-            if "$link" in v:
-                _check_link(v)
-                return
-            if "$bytes" in v:
-                _decode_bytes(v)
-                return
+        # A "$link" or "$bytes" key makes the object a link or bytes: nothing else may
+        # stand beside it (the interop suite's data-model rules).
+        if "$link" in v:
+            _check_link(v)
+            return
+        if "$bytes" in v:
+            _decode_bytes(v)
+            return
         for k, item in v.items():
             _check_data_at(item, k, depth + 1)
     elif t is list:
@@ -208,6 +209,17 @@ def _check_data(v: Any, depth: int = 0) -> None:
             _check_data_at(item, i, depth + 1)
     else:
         raise _Fail(f"must be a JSON value, not {t.__name__}")
+
+
+_FRAGMENT = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]*$")
+
+
+def _is_type_name(typ: str) -> bool:
+    """``com.example.def`` or ``com.example.doc#def``: what a union's ``$type`` may name."""
+    nsid, sep, fragment = typ.partition("#")
+    if sep and _FRAGMENT.match(fragment) is None:
+        return False
+    return _sdk_format(string_formats.validate_nsid)(nsid) is None
 
 
 # ---------------------------------------------------------------- primitives
@@ -248,9 +260,20 @@ def _sdk_format(fn: Callable[[str, Any], str]) -> Callable[[str], str | None]:
 
 
 def _datetime(v: str) -> str | None:
-    if not _DATETIME.match(v):
+    m = _DATETIME.match(v)
+    if not m:
         return "expected a form like 2026-01-01T00:00:00.000Z"
-    return _sdk_format(string_formats.validate_datetime)(v)
+    if v.startswith("0000"):
+        # Year 0000 is valid (the interop fixtures), which Python's datetime cannot hold:
+        # check the calendar on year 2000, which has the same leap rule, and refuse an
+        # offset that puts the instant before 0000-01-01T00:00Z.
+        err = _sdk_datetime("2000" + v[4:])
+        if err is None and m["offset"][0] == "+" and v[5:10] == "01-01":
+            minutes = int(v[11:13]) * 60 + int(v[14:16])
+            if minutes < int(m["offset"][1:3]) * 60 + int(m["offset"][4:6]):
+                return "is before year 0000 in UTC"
+        return err
+    return _sdk_datetime(v)
 
 
 def _cid_format(v: str) -> str | None:
@@ -266,6 +289,8 @@ def _at_identifier(v: str) -> str | None:
         return _sdk_format(string_formats.validate_did)(v)
     return _sdk_format(string_formats.validate_handle)(v)
 
+
+_sdk_datetime = _sdk_format(string_formats.validate_datetime)
 
 _FORMATS: dict[str, Callable[[str], str | None]] = {
     "datetime": _datetime,
@@ -381,12 +406,37 @@ def _accepts(patterns: list[str]) -> Callable[[str], bool]:
     return lambda mime: mime in exact or (bool(prefixes) and mime.startswith(prefixes))
 
 
+def _is_legacy_blob(v: Any) -> bool:
+    """The pre-2023 blob form ``{"cid": ..., "mimeType": ...}``, still found in old repos."""
+    return type(v) is dict and len(v) == 2 and "cid" in v and "mimeType" in v
+
+
+def _check_legacy_blob(v: dict[str, Any]) -> None:
+    try:
+        _check_cid(v["cid"])
+    except _Fail as e:
+        e.path.append("cid")
+        raise
+    if not isinstance(v["mimeType"], str) or "/" not in v["mimeType"]:
+        f = _Fail("must be a MIME type")
+        f.path.append("mimeType")
+        raise f
+
+
 def _compile_blob(d: lex.LexBlob) -> Check:
     accept = _accepts(d.accept) if d.accept else None
     accept_text = ", ".join(d.accept or [])
     max_size = d.max_size
 
     def check(v: Any) -> None:
+        if _is_legacy_blob(v):
+            # Read as a PDS reads it; writes refuse it (recordstore.write.blob_refs).
+            _check_legacy_blob(v)
+            if accept is not None and not accept(v["mimeType"]):
+                f = _Fail(f"must be one of {accept_text}")
+                f.path.append("mimeType")
+                raise f
+            return
         _check_blob(v)
         if accept is not None and not accept(v["mimeType"]):
             f = _Fail(f"must be one of {accept_text}")
@@ -557,7 +607,12 @@ class _Compiler:
                 f.path.append("$type")
                 raise f
             else:
-                # Open union: an unknown variant is kept as long as it is valid data.
+                # Open union: an unknown variant is kept as long as it is valid data
+                # and its $type names a lexicon def (an NSID, at most one #fragment).
+                if not _is_type_name(typ):
+                    f = _Fail("must be an NSID, optionally with one #fragment")
+                    f.path.append("$type")
+                    raise f
                 _check_data(v)
 
         return check
@@ -597,6 +652,44 @@ def _schema() -> dict[str, Check]:
     """The shipped documents, compiled once per process."""
     paths = sorted(_iter_json(resources.files("lexicons")), key=lambda p: p.name)
     return _compile([json.loads(p.read_text(encoding="utf-8")) for p in paths])
+
+
+class Lexicons:
+    """A validator for other lexicon documents than the shipped ones (JSON form)."""
+
+    def __init__(self, raw_docs: list[dict[str, Any]]) -> None:
+        self._schema = _compile(raw_docs)
+
+    def validate(self, collection: str, value: Any) -> None:
+        """As :func:`validate_record`, against these documents."""
+        _validate(self._schema, collection, value)
+
+
+def check_format(name: str, value: str) -> str | None:
+    """Why ``value`` is not a valid string of lexicon format ``name`` (None: it is)."""
+    check = _FORMATS.get(name)
+    if check is None:
+        raise ValueError(f"unknown string format {name!r}")
+    if not isinstance(value, str):
+        return "must be a string"
+    return check(value)
+
+
+def validate_data(value: Any) -> None:
+    """Check that ``value`` is an atproto data-model object; raise InvalidRecord.
+
+    The data-model rules only (no lexicon): no floats, ``$link``/``$bytes``/blob shapes,
+    a ``$type`` that is a non-empty string, bounded depth.
+    """
+    try:
+        if type(value) is not dict:
+            raise _expect(value, "an object")
+        _check_data(value)
+    except _Fail as e:
+        path = _format_path(e.path) or "value"
+        raise InvalidRecord(f"{path} {e.message}"[:_MAX_MESSAGE]) from None
+    except RecursionError:
+        raise InvalidRecord("value is nested too deeply") from None
 
 
 def has_lexicon(collection: str) -> bool:

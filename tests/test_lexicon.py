@@ -23,6 +23,7 @@ from recordstore import (
     lexicon,
 )
 from recordstore.lexicon import has_lexicon, validate_record
+from recordstore.write import prepare_write
 
 DEFS = "network.sharedcomputer.chat.defs"
 CID = "bafkreibnoelefnzgwbcacyt4vh52ymxvzbjq7mmqhtcnwarfq4lzegsiqe"
@@ -563,9 +564,38 @@ def test_blob_shape() -> None:
     refused(MESSAGE, image({**blob(), "size": -1}), "content.parts[0].image.size must be a non-negative integer")
     refused(MESSAGE, image({**blob(), "size": 1.0}), "content.parts[0].image.size must be a non-negative integer")
     refused(MESSAGE, image({**blob(), "mimeType": 3}), "content.parts[0].image.mimeType must be a MIME type")
-    # The legacy {cid, mimeType} form is not written by anything turnd talks to.
-    refused_like(MESSAGE, image({"cid": CID, "mimeType": "image/png"}), "content.parts[0].image must be a blob")
     refused_like(MESSAGE, image("bafy..."), "content.parts[0].image must be a blob")
+
+
+@pytest.mark.anyio
+async def test_the_legacy_blob_form_is_read_but_never_written() -> None:
+    legacy = image({"cid": CID, "mimeType": "image/png"})
+    validate_record(MESSAGE, legacy)  # on read, as a PDS reads old repos
+    refused(MESSAGE, image({"cid": "junk", "mimeType": "image/png"}), "content.parts[0].image.cid must be a valid CID")
+    refused(MESSAGE, image({"cid": CID, "mimeType": "text/plain"}), "content.parts[0].image.mimeType must be one of image/png, image/jpeg, image/webp, image/gif")
+    with pytest.raises(InvalidRecord, match=f"Legacy blobs are not allowed \\({CID}\\)"):
+        await prepare_write(MESSAGE, legacy)
+
+
+def test_an_open_union_type_must_name_a_lexicon_def() -> None:
+    for typ in ("com.example.part", "com.example.doc#part"):
+        validate_record(MESSAGE, message({"$type": typ, "x": 1}))
+    for typ in ("a.b.c#d#e", "#textPart", "notansid", "com.example.doc#"):
+        refused(MESSAGE, message({"$type": typ, "x": 1}), "content.parts[0].$type must be an NSID, optionally with one #fragment")
+
+
+def test_link_and_bytes_objects_hold_nothing_else() -> None:
+    refused_like(MESSAGE, message(extra={"$link": CID, "other": 1}), 'extra must be a CID link {"$link": cid}')
+    refused_like(MESSAGE, message(extra={"$bytes": "AAAA", "x": 1}), 'extra must be bytes {"$bytes": base64}')
+
+
+@pytest.mark.anyio
+async def test_integral_numbers_are_integers() -> None:
+    w = await prepare_write(MESSAGE, message(extra={"a": 123.0, "b": [1.0, -0.0]}))
+    assert w.value["extra"] == {"a": 123, "b": [1, 0]}
+    assert all(type(n) is int for n in [w.value["extra"]["a"], *w.value["extra"]["b"]])
+    with pytest.raises(InvalidRecord, match="float"):
+        await prepare_write(MESSAGE, message(extra=123.5))
 
 
 # ------------------------------------------------------------------ data model

@@ -44,8 +44,11 @@ class Prepared:
 
 
 def blob_cid(ref: Any) -> str | None:
-    link = ref.get("ref") if isinstance(ref, Mapping) else None
-    cid = link.get("$link") if isinstance(link, Mapping) else None
+    if not isinstance(ref, Mapping):
+        return None
+    link = ref.get("ref")
+    # The legacy form {cid, mimeType} is read too (old records; never written).
+    cid = link.get("$link") if isinstance(link, Mapping) else ref.get("cid")
     return cid if isinstance(cid, str) else None
 
 
