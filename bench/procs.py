@@ -180,7 +180,7 @@ class TurndProc:
         for name, url in self.providers.items():
             lines += [f"[providers.{name}]", f'base_url = "{url}"',
                       'api_key_env = "BENCH_PROVIDER_KEY"', ""]
-        lines += ["[accounts.bench]", f'handle = "{HANDLE}"',
+        lines += ["[accounts.bench]", f'handle = "{HANDLE}"', f'did = "{DID}"',
                   'password_env = "BENCH_PASSWORD"', 'token_env = "BENCH_TOKEN"', ""]
         return "\n".join(lines)
 

@@ -30,7 +30,6 @@ from daemon.config import (
     ConfigError,
     ensure_credentials,
     load_config,
-    local_did,
     resolve_config_path,
 )
 from recordstore.times import now_iso
@@ -156,13 +155,14 @@ def cmd_init(args: argparse.Namespace) -> int:
         fh.write(f"{password_env}={password}\n{token_env}={token}\n")
     os.chmod(env_path, 0o600)  # O_CREAT's mode does not apply to an existing file
 
-    # Create the local account: its settings space in the store (the DID is derived).
+    # Create the local account: its settings space in the store (loading the config drew
+    # its random DID, kept in the data directory).
     env = {**os.environ, password_env: password, token_env: token}
     try:
         config = load_config(path, env=env)
     except ConfigError as err:
         return _fail(f"config error: {err}", EXIT_CONFIG)
-    did = local_did(args.handle)
+    did = next((a.did for a in config.accounts if a.name == name), None) or "(learned at login)"
     if config.store_kind == "local":
         anyio.run(_create_local_account, config.store_path, did)
 

@@ -21,8 +21,6 @@ Every error is a :class:`ConfigError` whose message is one line naming the bad k
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import os
@@ -37,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from daemon.dids import account_did, legacy_did
 from turns.settings import Provider, TurnSettings
 
 log = logging.getLogger("turnd.config")
@@ -245,9 +244,12 @@ class Config:
 
 
 def local_did(handle: str) -> str:
-    """The deterministic DID of a local account: no state needed to map handle -> DID."""
-    digest = hashlib.sha256(handle.encode()).digest()
-    return "did:plc:" + base64.b32encode(digest).decode().lower()[:24]
+    """The DID older turnds derived from the handle (data dirs they made keep it).
+
+    New local accounts get a random DID kept in the data directory
+    (:func:`daemon.dids.account_did`); tests pin this one with ``[accounts.X] did``.
+    """
+    return legacy_did(handle)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -480,7 +482,7 @@ def ensure_credentials(
     account = Account(
         name=name,
         handle=handle,
-        did=local_did(handle),
+        did=account_did(data_dir, handle),
         password=_secrets.token_urlsafe(18),
         token=_secrets.token_urlsafe(32),
     )
@@ -615,7 +617,12 @@ def build_config(
             raise ConfigError(
                 f"accounts.{name}.password_env: required with a pds store (the app password)"
             )
-        did = table.did or (local_did(table.handle) if store.kind == "local" else None)
+        did = table.did
+        if did is None and store.kind == "local":
+            try:
+                did = account_did(store_path, table.handle)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"accounts.{name}: cannot keep its DID: {err}") from None
         accounts.append(
             Account(
                 name=name,

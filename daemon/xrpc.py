@@ -49,10 +49,9 @@ log = logging.getLogger("turnd.xrpc")
 __all__ = ["XrpcError", "router", "session_tokens"]
 
 SECRET_FILE = "xrpc-session.key"
-# getBlob's answer, as the reference PDS serves blobs: never rendered as a page of this
-# origin, never sniffed into something else.
+# getBlob's answer, as the reference PDS serves blobs (with Content-Disposition:
+# attachment; filename="<cid>"): never rendered as a page of this origin, never sniffed.
 BLOB_HEADERS = {
-    "content-disposition": "attachment",
     "x-content-type-options": "nosniff",
     "content-security-policy": "default-src 'none'; sandbox",
 }
@@ -619,7 +618,8 @@ class _Xrpc:
         self._reader(request, account)
         data = await self._store.get_blob(account.did, cid)
         info = await self._local().blob_info(account.did, cid)
-        return Response(data, media_type=info[0] if info else OCTET_STREAM, headers=BLOB_HEADERS)
+        headers = {**BLOB_HEADERS, "content-disposition": f'attachment; filename="{cid}"'}
+        return Response(data, media_type=info[0] if info else OCTET_STREAM, headers=headers)
 
     # -- identity ----------------------------------------------------------------------------
 
@@ -633,7 +633,7 @@ class _Xrpc:
         for account in self._service.accounts:
             if account.did and account.handle.lower() == wanted:
                 return {"did": account.did}
-        raise XrpcError(400, "InvalidRequest", "Unable to resolve handle")
+        raise XrpcError(400, "HandleNotFound", "Unable to resolve handle")
 
 
 # -- helpers -------------------------------------------------------------------------------

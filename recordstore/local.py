@@ -35,6 +35,7 @@ from recordstore import (
     InvalidSwap,
     Record,
     RecordExists,
+    RecordNotFound,
     RecordStore,
     StoreError,
     Write,
@@ -277,8 +278,8 @@ class LocalStore(RecordStore):
     async def apply_writes(self, did: str, writes: Sequence[Write]) -> list[Record | None]:
         """Several writes as one transaction: all of them happen, or none.
 
-        Creates are create-only (RecordExists), updates create or replace, deletes of an
-        absent record are no-ops; the result holds each write's record (None: a delete).
+        Creates are create-only (RecordExists); updates and deletes need the record to be
+        there (RecordNotFound). The result holds each write's record (None: a delete).
         """
         prepared: list[tuple[Write, PreparedWrite | None]] = []
         for w in writes:
@@ -294,10 +295,10 @@ class LocalStore(RecordStore):
                     for w, p in prepared:
                         address = (did, w.space, w.collection, w.key)
                         if p is None:
-                            await db.execute(f"DELETE FROM records WHERE {where}", address)
+                            cursor = await db.execute(f"DELETE FROM records WHERE {where}", address)
                         elif w.op == "create":
                             try:
-                                await db.execute(
+                                cursor = await db.execute(
                                     f"INSERT INTO records ({_RECORD_COLS})"
                                     " VALUES (?, ?, ?, ?, ?, ?)",
                                     (*address, p.cid, p.text),
@@ -307,12 +308,13 @@ class LocalStore(RecordStore):
                                     f"{w.collection}/{w.space}:{w.key} already exists"
                                 ) from None
                         else:
-                            await db.execute(
-                                f"INSERT INTO records ({_RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?)"
-                                " ON CONFLICT (did, space, collection, key) DO UPDATE"
-                                " SET cid = excluded.cid, value = excluded.value"
-                                " WHERE cid IS NOT excluded.cid",
-                                (*address, p.cid, p.text),
+                            cursor = await db.execute(
+                                f"UPDATE records SET cid = ?, value = ? WHERE {where}",
+                                (p.cid, p.text, *address),
+                            )
+                        if not cursor.rowcount:
+                            raise RecordNotFound(
+                                f"Could not {w.op} {w.collection}/{w.space}:{w.key}: no such record"
                             )
                     await db.execute("COMMIT")
                 except BaseException:

@@ -292,11 +292,11 @@ def _start_turn(url: str) -> tuple[httpx.Client, str, str]:
 
 
 async def _stored_reply(data_dir: Path, skey: str, reply: str) -> dict[str, Any]:
-    from daemon.config import local_did
+    from daemon.dids import account_did
     from recordstore.local import LocalStore
 
     async with LocalStore.open(data_dir) as store:
-        record = await store.get_record(local_did("me.test"), skey, MESSAGE, reply)
+        record = await store.get_record(account_did(data_dir, "me.test"), skey, MESSAGE, reply)
     assert record is not None
     return record.value
 

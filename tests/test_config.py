@@ -19,6 +19,7 @@ from daemon.config import (
     local_did,
     parse_listen,
 )
+from daemon.dids import account_did
 
 TURND = str(Path(sys.executable).parent / "turnd")
 PROVIDER_KEYS = ("OPENAI_API_KEY", "OPENROUTER_API_KEY")
@@ -108,7 +109,9 @@ enabled = ["clock"]
     assert config.providers["echo"].base_url == "http://127.0.0.1:9000/echo/v1"
     assert config.base_url == "http://127.0.0.1:9000"
     [me] = config.accounts
-    assert (me.name, me.handle, me.did) == ("me", "me.test", local_did("me.test"))
+    assert (me.name, me.handle) == ("me", "me.test")
+    assert me.did == load_config(path, env=env).accounts[0].did  # kept, not drawn again
+    assert me.did != local_did("me.test")  # random, not derived from the handle
     assert (me.password, me.token) == ("pw-1", "tok-1")
     assert me.tools == ("clock_now",)
     assert config.plugins == ["clock"]
@@ -239,7 +242,7 @@ handle = "me.test"
     assert config.providers["my_llm"].models == ("m1", "m2")
     assert config.default_model == "my_llm:m1"
     assert config.accounts[0].handle == "other.test"
-    assert config.accounts[0].did == local_did("other.test")
+    assert config.accounts[0].did == account_did(config.store_path, "other.test")
     assert config.plugins == ["clock"]
 
 
@@ -356,7 +359,7 @@ def test_secrets_in_the_file_are_refused(tmp_path: Path) -> None:
 
 def test_first_start_credentials_are_0600_and_made_once(tmp_path: Path) -> None:
     account, created = ensure_credentials(tmp_path / "data")
-    assert created and account.did == local_did("me.test")
+    assert created and account.did == account_did(tmp_path / "data", "me.test")
     assert len(account.token or "") >= 32 and len(account.password or "") >= 16
     mode = (tmp_path / "data" / "credentials.json").stat().st_mode & 0o777
     assert mode == 0o600

@@ -105,11 +105,13 @@ def daemon_config(tmp: Path, fake: FakeModel, **tables: dict[str, Any]) -> Any:
         "accounts": {
             "alice": {
                 "handle": "alice.test",
+                "did": ALICE,  # pinned: a local account's DID is otherwise random
                 "password_env": "T_ALICE_PASSWORD",
                 "token_env": "T_ALICE_TOKEN",
             },
             "bob": {
                 "handle": "bob.test",
+                "did": BOB,
                 "password_env": "T_BOB_PASSWORD",
                 "token_env": "T_BOB_TOKEN",
             },

@@ -100,11 +100,13 @@ api_key_env = "T_FAKE_KEY"
 
 [accounts.alice]
 handle = "alice.test"
+did = "{ALICE}"
 password_env = "T_ALICE_PASSWORD"
 token_env = "T_ALICE_TOKEN"
 
 [accounts.bob]
 handle = "bob.test"
+did = "{BOB}"
 password_env = "T_BOB_PASSWORD"
 token_env = "T_BOB_TOKEN"
 {extra}
