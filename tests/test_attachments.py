@@ -137,7 +137,7 @@ class CountingStore:
         return await self._store.get_blob(did, cid)
 
 
-async def test_a_blob_named_by_eight_parts_is_read_once_and_held_once(tmp_path: Path) -> None:
+async def test_a_blob_named_by_eight_parts_is_read_once_held_once_and_sent_once(tmp_path: Path) -> None:
     async with LocalStore.open(tmp_path / "data") as store:
         blob = await store.upload_blob(DID, png(3000, 2000), "image/png")
         counting = CountingStore(store)
@@ -145,16 +145,20 @@ async def test_a_blob_named_by_eight_parts_is_read_once_and_held_once(tmp_path: 
         chain = [
             {
                 "role": "user",
-                "content": {"$type": f"{DEFS}#plainContent", "parts": [image_part(blob)] * 4},
+                "content": {"$type": f"{DEFS}#plainContent", "parts": [image_part(blob) for _ in range(4)]},
             },
             {
                 "role": "user",
-                "content": {"$type": f"{DEFS}#plainContent", "parts": [image_part(blob)] * 4},
+                "content": {"$type": f"{DEFS}#plainContent", "parts": [image_part(blob) for _ in range(4)]},
             },
         ]
         messages = await chat_messages(counting, DID, chain, "", attachments)  # type: ignore[arg-type]
-        sent = [p for m in messages for p in m["content"] if p.get("type") == "image_url"]
-        assert len(sent) == 8
+        content = [p for m in messages for p in m["content"]]
+        sent = [p for p in content if p.get("type") == "image_url"]
+        # The model gets it once, where it was named last; the other parts say so.
+        assert len(sent) == 1 and content[-1] is sent[0]
+        notes = [p["text"] for p in content if p.get("type") == "text"]
+        assert len(notes) == 7 and all("the same image" in n for n in notes)
         assert counting.blob_reads == [blob["ref"]["$link"]]
         assert attachments.held == len(sent[0]["image_url"]["url"])  # counted once
 

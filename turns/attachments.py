@@ -1,6 +1,7 @@
 """A turn's attachments as the model gets them (SPEC §12, §15).
 
-- Each blob is read once per turn, whatever number of parts name its CID.
+- Each blob is read once per turn, whatever number of parts name its CID; an image
+  named again goes to the model once, where it was named last (the others are a note).
 - An image over ``imageMaxPixels`` on its long side, or over 4 MB, goes as a
   downscaled derivative (Pillow, in a worker thread), computed once per blob and
   cached in the data directory by CID; the stored blob is never touched. An image
@@ -99,6 +100,12 @@ class Attachments:
         for part in reversed(parts):  # the newest are the ones to keep
             if over:
                 self._note(part)
+                continue
+            if part.get("$type") == IMAGE and blob_cid(part.get("image")) in self._by_cid:
+                # The model sees each image once, where it was named last (the newest
+                # stay when the context window leaves old messages out).
+                note = f"[{describe(part)}: the same image as the one sent further on]"
+                self._by_part[id(part)] = Prepared({"type": "text", "text": note}, 0)
                 continue
             content, cid = await self._content(part)
             cost = 0

@@ -25,7 +25,8 @@ BYTES_PER_TOKEN = 3
 # An image part costs the model a bounded number of tokens whatever its data URL's
 # length (OpenAI: 85 + 170 a 512-px tile; a 2048-px image is about 1100).
 IMAGE_TOKENS = 1100
-# Room kept for the summary message itself when the prefix is summarised.
+# Room kept for the summary message itself when the prefix is summarised (at most an
+# eighth of the budget, so a small context keeps room for messages).
 SUMMARY_TOKENS = 600
 SUMMARY_HEADER = (
     "A summary of the earlier part of this conversation (those messages are left out "
@@ -196,7 +197,8 @@ class ContextWindow:
         if budget is None or (not force and self.estimate(messages) <= budget):
             return self._report(Fitted(messages, 0, False))
         head, units, tail = _split(messages)
-        reserve = [_summary_message("x" * SUMMARY_TOKENS * BYTES_PER_TOKEN)] if self._summaries else []
+        room = summary_room(budget)
+        reserve = [_summary_message("x" * room * BYTES_PER_TOKEN)] if self._summaries else []
 
         def fits(i: int, within: int) -> bool:
             kept = [*head, *reserve, *(m for u in units[i:] for m in u), *tail]
@@ -231,8 +233,10 @@ class ContextWindow:
             key = unit_keys[j]
             if key is not None and key in self._existing:
                 return j + 1, self._existing[key]
-        # A new one cuts deeper (to half the budget), so the next turns reuse it.
-        deeper = next((i for i in range(needed, len(units) + 1) if fits(i, budget // 2)), len(units))
+        # A new one cuts deeper (to 3/4 of the budget), so the next turns reuse it.
+        deeper = next(
+            (i for i in range(needed, len(units) + 1) if fits(i, budget * 3 // 4)), len(units)
+        )
         cut = deeper
         while cut > 0 and unit_keys[cut - 1] is None:
             cut -= 1
@@ -266,6 +270,11 @@ class ContextWindow:
         if fitted.dropped:
             self._reported = state
         return fitted
+
+
+def summary_room(budget: int) -> int:
+    """Tokens a summary may take of a prompt's ``budget``."""
+    return max(64, min(SUMMARY_TOKENS, budget // 8))
 
 
 def _summary_message(text: str) -> dict[str, Any]:

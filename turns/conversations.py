@@ -50,20 +50,6 @@ async def _all(store: RecordStore, did: str, space: str, collection: str) -> lis
             return out
 
 
-async def listing(store: RecordStore, did: str) -> list[dict[str, Any]]:
-    """The conversationRef index, newest first; a missing title is read from ``info``."""
-    refs = await _all(store, did, SETTINGS_SPACE, CONVERSATION_REF)
-    out = []
-    for ref in refs:
-        title = ref.value.get("title")
-        if title is None and ":" not in ref.key:
-            info = await store.get_record(did, ref.key, INFO, "self")
-            title = info.value.get("title") if info else None
-        out.append({"skey": ref.key, "title": title, "updatedAt": ref.value.get("updatedAt")})
-    out.sort(key=lambda c: (c["updatedAt"] or "", c["skey"]), reverse=True)
-    return out
-
-
 async def messages(store: RecordStore, did: str, skey: str) -> list[Record]:
     """A conversation's messages in reading order: each user message, then its replies."""
     found = await _all(store, did, skey, MESSAGE)

@@ -17,6 +17,7 @@ import openai
 
 from recordstore import SUMMARY, RecordStore, StoreError
 from recordstore.times import now_iso
+from turns.context import summary_room
 
 log = logging.getLogger("turnd.turns")
 
@@ -101,7 +102,8 @@ class BranchSummaries:
         self, prior: str | None, messages: Sequence[dict[str, Any]], covers: str, budget: int
     ) -> str | None:
         # What the summary model reads is bounded by the turn's own budget.
-        limit = max(4000, (budget - MAX_SUMMARY_TOKENS) * 3)
+        room = min(MAX_SUMMARY_TOKENS, summary_room(budget))
+        limit = max(4000, (budget - room) * 3)
         body = transcript(messages, limit)
         if prior:
             body = f"Summary of what came before:\n{prior}\n\nThen:\n\n{body}"
@@ -112,7 +114,7 @@ class BranchSummaries:
                     {"role": "system", "content": _INSTRUCTIONS},
                     {"role": "user", "content": body},
                 ],
-                max_tokens=MAX_SUMMARY_TOKENS,
+                max_tokens=room,
                 stream=False,
             )
             text = (response.choices[0].message.content or "").strip() if response.choices else ""
