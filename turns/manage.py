@@ -31,6 +31,7 @@ from recordstore import (
 from recordstore.abilities import BlobCollector, NewestFirst
 from recordstore.lexicon import validate_record
 from recordstore.times import now_iso
+from recordstore.vocabulary import APPROVAL
 from turns import conversations
 
 log = logging.getLogger("turnd.turns")
@@ -38,11 +39,7 @@ log = logging.getLogger("turnd.turns")
 DEFAULT_PAGE = 50
 MAX_PAGE = 1000
 # Every collection a conversation space holds (approvals: SPEC §14).
-CONVERSATION_COLLECTIONS = (
-    MESSAGE,
-    SUMMARY,
-    "network.sharedcomputer.chat.approval",
-)
+CONVERSATION_COLLECTIONS = (MESSAGE, SUMMARY, APPROVAL)
 
 
 class BadCursor(ValueError):
