@@ -24,6 +24,8 @@ async def read_events(response: httpx.Response, *, limit: int | None = None) -> 
     if limit == 0:
         return events
     async for sse in EventSource(response).aiter_sse():
+        if _keepalive(sse):
+            continue
         events.append(event(sse))
         if limit is not None and len(events) >= limit:
             break
@@ -33,4 +35,13 @@ async def read_events(response: httpx.Response, *, limit: int | None = None) -> 
 def parse_events(raw: str) -> list[dict[str, Any]]:
     """The events in a stream already read whole (a test that also checks the raw text)."""
     response = httpx.Response(200, headers={"content-type": "text/event-stream"}, text=raw)
-    return [event(sse) for sse in EventSource(response).iter_sse()]
+    return [event(sse) for sse in EventSource(response).iter_sse() if not _keepalive(sse)]
+
+
+def _keepalive(sse: ServerSentEvent) -> bool:
+    """The blank line after a ``: ping`` comment.
+
+    The SSE spec dispatches nothing for a blank line with no data, but httpx-sse
+    yields an empty ``message`` event carrying the last event id: not an event.
+    """
+    return not sse.data and sse.event == "message"
