@@ -668,6 +668,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("check", "validate the config and reach the store and each provider")
     p.set_defaults(func=cmd_check)
+
+    from daemon import usage_cli
+
+    usage_cli.add_parser(sub, "the config file (default: see turnd -h)")
     return parser
 
 

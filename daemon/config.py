@@ -36,7 +36,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from daemon.dids import account_did, legacy_did
+from turns.pricing import Price, check_price, price_from_table
+from turns.quota import Quota
 from turns.settings import Provider, TurnSettings
+from turns.telemetry import OtelSettings
 
 log = logging.getLogger("turnd.config")
 
@@ -115,12 +118,18 @@ class XrpcTable(_Table):
 
 class ModelsTable(_Table):
     default: str | None = None
+    # "provider:id" -> the models to try, in order, when it fails before its first token.
+    fallbacks: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class ModelTable(_Table):
     """``[providers.X.model."ID"]``: what turnd knows of one model."""
 
     context: int | None = Field(default=None, gt=0)  # tokens (SPEC §15)
+    # USD per million tokens (SPEC §16), checked in build_config so the error names the key.
+    inputPrice: Any = None  # noqa: N815
+    outputPrice: Any = None  # noqa: N815
+    cachedInputPrice: Any = None  # noqa: N815
 
 
 class ProviderTable(_Table):
@@ -141,6 +150,18 @@ class PresetTable(_Table):
     template: str | None = Field(default=None, max_length=100_000)
 
 
+class QuotaTable(_Table):
+    tokensPerDay: Any = None
+    costPerMonth: Any = None
+
+
+class OtelTable(_Table):
+    endpoint: str | None = None  # OTLP/HTTP, e.g. http://127.0.0.1:4318
+    capture_content: bool = False
+    service_name: str = "turnd"
+    batch_delay_ms: int = Field(default=2000, ge=1, le=60_000)
+
+
 class AccountTable(_Table):
     handle: str
     password_env: str | None = None
@@ -149,6 +170,7 @@ class AccountTable(_Table):
     # Tools offered when a message's generation request names none.
     tools: list[str] = Field(default_factory=list)
     maxStorageBytes: int | None = Field(default=None, gt=0)  # SPEC §12: caps the blobs
+    quota: QuotaTable | None = None
 
 
 class PluginsTable(_Table):
@@ -169,6 +191,7 @@ class FileModel(_Table):
     presets: dict[str, PresetTable] = Field(default_factory=dict)
     # [tools.NAME] tool sources (SPEC §14), checked by daemon.tools_config.
     tools: dict[str, Any] = Field(default_factory=dict)
+    otel: OtelTable = Field(default_factory=OtelTable)
 
 
 # -- the result --------------------------------------------------------------------------
@@ -188,6 +211,7 @@ class Account:
     token_env: str | None = None
     tools: tuple[str, ...] = ()
     max_storage_bytes: int | None = None  # [accounts.X] maxStorageBytes
+    quota: Quota | None = None
 
 
 @dataclass(slots=True)
@@ -211,6 +235,10 @@ class Config:
     turns: TurnSettings
     # name -> {title?, systemPrompt?, model?, template?} (SPEC §15), in file order.
     presets: dict[str, dict[str, str]] = field(default_factory=dict)
+    # SPEC §16: "provider:id" -> Price; "provider:id" -> fallback refs; traces.
+    prices: dict[str, Price] = field(default_factory=dict)
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)
+    otel: OtelSettings | None = None
     # True when the accounts came from the generated first-start credentials file.
     generated_account: bool = False
     # Set by load_config: rereads [turns] when the file changes (at most one stat a second).
@@ -354,6 +382,7 @@ def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[st
         "xrpc": XrpcTable,
         "models": ModelsTable,
         "plugins": PluginsTable,
+        "otel": OtelTable,
     }
     for table, model in simple.items():
         for key in model.model_fields:
@@ -592,6 +621,18 @@ def build_config(
             },
         )
 
+    prices: dict[str, Price] = {}
+    for name, table in parsed.providers.items():
+        for model_id, model_table in table.model.items():
+            where = f'providers.{name}.model."{model_id}"'
+            try:
+                price = price_from_table(where, model_table.model_dump())
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            if price is not None:
+                prices[f"{name}:{model_id}"] = price
+    fallbacks = _fallbacks(parsed.models.fallbacks, providers)
+
     default_model = parsed.models.default or f"{ECHO}:{ECHO_MODEL}"
     provider_name, sep, model_id = default_model.partition(":")
     if not sep or not provider_name or not model_id:
@@ -634,6 +675,7 @@ def build_config(
                 token_env=table.token_env,
                 tools=tuple(table.tools),
                 max_storage_bytes=table.maxStorageBytes,
+                quota=_quota(f"accounts.{name}.quota", table.quota),
             )
         )
 
@@ -672,6 +714,9 @@ def build_config(
         plugins=list(parsed.plugins.enabled),
         turns=turns,
         presets=presets,
+        prices=prices,
+        fallbacks=fallbacks,
+        otel=_otel(parsed.otel),
         generated_account=generated,
         allowed_hosts=list(parsed.http.allowed_hosts),
         header_timeout=parsed.http.header_timeout,
@@ -690,6 +735,48 @@ def _check_model_ref(key: str, ref: str, providers: Mapping[str, Provider]) -> N
     if provider_name not in providers:
         known = ", ".join(sorted(providers))
         raise ConfigError(f"{key}: unknown provider {provider_name!r} (known: {known})")
+
+
+def _fallbacks(table: dict[str, list[str]], providers: Mapping[str, Provider]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for model, chain in table.items():
+        for ref in (model, *chain):
+            provider, sep, model_id = ref.partition(":")
+            where = f'models.fallbacks."{model}"'
+            if not sep or not provider or not model_id:
+                raise ConfigError(f'{where}: expected "provider:id", got {ref!r}')
+            if provider not in providers:
+                known = ", ".join(sorted(providers))
+                raise ConfigError(f"{where}: unknown provider {provider!r} (known: {known})")
+        out[model] = list(chain)
+    return out
+
+
+def _quota(where: str, table: QuotaTable | None) -> Quota | None:
+    if table is None:
+        return None
+    try:
+        tokens = table.tokensPerDay
+        cost = table.costPerMonth
+        return Quota(
+            tokens_per_day=None if tokens is None else check_price(f"{where}.tokensPerDay", tokens),
+            cost_per_month=None if cost is None else check_price(f"{where}.costPerMonth", cost),
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _otel(table: OtelTable) -> OtelSettings | None:
+    if not table.endpoint:
+        return None
+    if not table.endpoint.startswith(("http://", "https://")):
+        raise ConfigError("otel.endpoint: must be an http(s) URL (OTLP/HTTP)")
+    return OtelSettings(
+        endpoint=table.endpoint,
+        capture_content=table.capture_content,
+        service_name=table.service_name,
+        batch_delay_ms=table.batch_delay_ms,
+    )
 
 
 class SettingsReloader:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.cors import CORSMiddleware
 
 import recordstore
-from daemon import echo, tools_http, uploads, webui, xrpc
+from daemon import echo, tools_http, uploads, usage_api, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.conversations import router as conversations_api
 from daemon.deps import AccountDep, ConversationDep, ConversationKeyDep, ServiceDep
@@ -103,6 +103,7 @@ def create_app(service: Any) -> FastAPI:
     app.include_router(api)
     app.include_router(webui.router(service))  # /api/models, /api/render for the page
     app.include_router(tools_http.router(service))  # /api/tools, approvals (SPEC §14)
+    app.include_router(usage_api.router(service))  # /api/usage (SPEC §16)
     _add_ops_routes(app, service)
     if _config(service, "store_kind", "local") == "local":
         app.include_router(xrpc.router(service))

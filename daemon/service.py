@@ -118,6 +118,7 @@ class Service:
         self.plugins = _load_plugins(config.plugins)
         self.events = EventHub()  # the page's live record events (SPEC §15, §17)
         self.tools: Any = None  # plugins.sources.ToolCatalog once running (SPEC §14)
+        self.telemetry = _open_telemetry(config)  # likewise: a missing [otel] extra
 
     # -- credentials (the HTTP app and XRPC call these) ------------------------------------
 
@@ -230,6 +231,8 @@ class Service:
             self.tools = await stack.enter_async_context(
                 ToolCatalog(self.plugins, self.config.tools)
             )
+            accounting = _accounting(self)
+            stack.push_async_callback(_stop_telemetry, accounting.telemetry)
             self.engine = TurnEngine(
                 self.store,
                 self.state,
@@ -240,6 +243,7 @@ class Service:
                 user_tools=_UserTools(self),
                 cache_dir=_derivatives_dir(self.config),
                 tools=self.tools,
+                accounting=accounting,
                 **_engine_extras(TurnEngine, self.registry),
             )
             await stack.enter_async_context(self.engine)
@@ -393,6 +397,41 @@ def _derivatives_dir(config: Config) -> Path:
     """Image derivatives (turns.attachments): in the data directory, by CID."""
     base = config.store_path if config.store_kind == "local" else config.state_path.parent
     return base / "derivatives"
+
+
+def _accounting(service: Service) -> Any:
+    """SPEC §16 from the config: prices, fallbacks, quotas by DID (read live), traces."""
+    from turns.accounting import Accounting
+
+    def quota(did: str) -> Any:
+        for account in service.accounts:
+            if account.did == did:
+                return account.quota
+        return None
+
+    return Accounting(
+        prices=service.config.prices,
+        fallbacks=service.config.fallbacks,
+        quotas=quota,
+        telemetry=service.telemetry,
+    )
+
+
+def _open_telemetry(config: Config) -> Any:
+    from turns.telemetry import open_telemetry
+
+    try:
+        return open_telemetry(config.otel)
+    except RuntimeError as err:
+        raise ConfigError(str(err)) from None
+
+
+async def _stop_telemetry(telemetry: Any) -> None:
+    """Flush the last spans off the event loop; a dead endpoint delays the exit by at most 5 s."""
+    if not telemetry.enabled:
+        return
+    with anyio.CancelScope(shield=True), anyio.move_on_after(6):
+        await anyio.to_thread.run_sync(telemetry.shutdown, abandon_on_cancel=True)
 
 
 def _load_plugins(names: list[str]) -> Any:

@@ -111,9 +111,12 @@ class Usage:
     completion_tokens: int
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    cost: float | None = None  # the provider's own charge (OpenRouter's usage.cost)
 
     def as_json(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {} if self.cost is None else {"cost": self.cost}
         return {
+            **extra,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
@@ -272,10 +275,11 @@ class Reply:
 
     def with_usage(
         self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0,
-        cached_tokens: int = 0,
+        cached_tokens: int = 0, cost: float | None = None,
     ) -> Reply:
         return dataclasses.replace(
-            self, usage=Usage(prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens)
+            self,
+            usage=Usage(prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens, cost),
         )
 
     def with_extra(

@@ -77,7 +77,7 @@ async def test_cancel(tmp_path: Path, fake_model: FakeModel) -> None:
         stream = f"/api/conversations/{skey}/messages/{posted['replyKey']}/stream"
         with anyio.fail_after(5):
             async with dm.http.stream("GET", stream) as r:
-                head = await read_events(r, limit=2)  # part-start, then the first delta
+                head = await read_events(r, limit=3)  # step, part-start, then the first delta
         assert head[-1]["event"] == "delta"
         r = await dm.http.post(url)
         assert r.status_code == 200 and r.json() == {"cancelled": True}

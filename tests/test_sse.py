@@ -45,7 +45,11 @@ async def test_live_stream_then_replay_to_a_late_subscriber(
         posted = await dm.post(skey, "count", generation={})
         live = await read_stream(dm, skey, posted["replyKey"])
         assert [e["id"] for e in live] == list(range(1, len(live) + 1))
-        assert live[0] == {"id": 1, "event": "part-start", "data": {"index": 0, "type": "text"}}
+        assert live[0] == {
+            "id": 1, "event": "step",
+            "data": {"index": 0, "model": {"provider": "fake", "id": "fake-model"}},
+        }
+        assert live[1] == {"id": 2, "event": "part-start", "data": {"index": 0, "type": "text"}}
         assert live[-1]["event"] == "status" and live[-1]["data"]["status"] == "complete"
         assert live[-1]["data"]["model"] == {"provider": "fake", "id": "fake-model"}
         final = await dm.final(skey, posted["replyKey"])

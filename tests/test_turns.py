@@ -556,7 +556,7 @@ async def test_the_stream_replays_buffered_events_to_a_late_subscriber_then_send
         late = await kit.events(skey, posted.reply_key)
         resumed = await kit.events(skey, posted.reply_key, after=2)
     assert [e[0] for e in late] == list(range(1, len(late) + 1))
-    assert [e[1] for e in late] == ["part-start", "delta", "delta", "delta", "delta", "status"]
+    assert [e[1] for e in late] == ["step", "part-start", "delta", "delta", "delta", "delta", "status"]
     assert "".join(e[2]["text"] for e in late if e[1] == "delta") == "abcd"
     assert late[-1][2]["status"] == "complete"
     assert resumed == late[2:]

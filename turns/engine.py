@@ -37,6 +37,7 @@ from recordstore import (
 from recordstore.keys import parse_reply_key, reply_key
 from turns import attachments, conversations, manage, records, triggers
 from turns.abandoned import PendingReplies, pending_since
+from turns.accounting import Accounting, Books
 from turns.approval import APPROVAL, Approvals
 from turns.final_writes import FinalWrites
 from turns.metrics import TurnMetrics
@@ -75,6 +76,7 @@ class TurnEngine:
         tools: Any = None,
         final_writes: FinalWrites | None = None,
         maintenance_interval: float = 60,
+        accounting: Accounting | None = None,
     ) -> None:
         self._store = store
         self._state = state
@@ -83,6 +85,8 @@ class TurnEngine:
         self._plugins = plugins or PluginSet()
         self._user_tools = user_tools or {}
         self.metrics = metrics or TurnMetrics()
+        # SPEC §16: usage rows, quotas, fallbacks, traces (turns.accounting).
+        self.books = Books(accounting or Accounting(), state, self.metrics)
         self._clients = Clients(providers)
         self._secrets = [p.api_key for p in providers.values() if p.api_key]
         self._streams = StreamRegistry(self.metrics.subscriber_delta)
@@ -104,7 +108,8 @@ class TurnEngine:
         self._maintenance = anyio.CancelScope()
         self._scan_accounts: list[str] = []
         self.titles = Titles(
-            store, self._clients, partial(conversations.touch_ref, store)
+            store, self._clients, partial(conversations.touch_ref, store),
+            record_usage=self.books.record_side_call,
         )
         # SPEC §14: the catalog of tools (plugins.sources.ToolCatalog), calls awaiting approval.
         self._tools = tools
@@ -136,6 +141,7 @@ class TurnEngine:
                 tools=self._tools,
                 approvals=self.approvals,
                 tool_calls=self.tool_metrics.observe,
+                books=self.books,
             )
             stack.push_async_callback(self._clients.aclose)
             self._clients.warm(self._settings().retries)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
@@ -22,8 +22,12 @@ import openai
 from plugins.api import Tool, ToolContext
 from turns.context import ContextWindow, PromptTooLong, too_long
 from turns.parts import PartsBuilder
+from turns.pricing import reported_cost
 from turns.settings import TurnSettings
 from turns.toolcalls import ToolRun, call_tool
+
+if TYPE_CHECKING:
+    from turns.steps import StepCaller
 
 _KNOWN_DELTA_KEYS = frozenset(
     {"role", "content", "reasoning_content", "reasoning", "tool_calls", "refusal",
@@ -41,6 +45,14 @@ class _TooLong(TurnFailed, PromptTooLong):
     """A refusal the context window retries once (and a failure like any other)."""
 
 
+class ModelFailed(TurnFailed):
+    """A model call failed; ``started``: after its first token, so no fallback may redo it."""
+
+    def __init__(self, message: str, *, started: bool) -> None:
+        super().__init__(message)
+        self.started = started
+
+
 @dataclass
 class _Call:
     id: str = ""
@@ -54,14 +66,41 @@ class Usage:
     input: int = 0
     output: int = 0
     reasoning: int = 0
+    cached: int = 0
     seen: bool = False
+    cached_seen: bool = False  # the provider reported prompt_tokens_details.cached_tokens
+    cost: float | None = None  # the provider's own usage.cost, when it sends one
+    model: str | None = None  # the model the provider says answered
 
-    def add(self, usage: Mapping[str, Any]) -> None:
+    def add(self, usage: Mapping[str, Any], model: Any = None) -> None:
         self.seen = True
+        if isinstance(model, str):
+            self.model = model
         self.input += _int(usage.get("prompt_tokens"))
         self.output += _int(usage.get("completion_tokens"))
         details = usage.get("completion_tokens_details") or {}
         self.reasoning += _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
+        prompt = usage.get("prompt_tokens_details")
+        if isinstance(prompt, dict) and isinstance(prompt.get("cached_tokens"), int):
+            self.cached_seen = True
+            self.cached += _int(prompt["cached_tokens"])
+        cost = reported_cost(usage)
+        if cost is not None:
+            self.cost = (self.cost or 0.0) + cost
+
+    def merge(self, other: Usage) -> None:
+        """Add a step's usage to the turn's."""
+        if not other.seen:
+            return
+        self.seen = True
+        self.input += other.input
+        self.output += other.output
+        self.reasoning += other.reasoning
+        self.cached += other.cached
+        self.cached_seen = self.cached_seen or other.cached_seen
+        self.model = other.model or self.model
+        if other.cost is not None:
+            self.cost = (self.cost or 0.0) + other.cost
 
     def record(self) -> dict[str, int] | None:
         if not self.seen:
@@ -95,12 +134,19 @@ async def run_steps(
     usage: Usage,
     window: ContextWindow | None = None,
     tool_run: ToolRun | None = None,
+    caller: StepCaller | None = None,
 ) -> None:
     """Run steps until one makes no tool call or ``max_steps`` is reached.
 
     Raises TurnFailed (with an unscrubbed message: the caller scrubs) on a model
     or loop-guard failure; cancellation comes from the caller's cancel scope.
+    ``caller`` makes each step's model call (events, retries, fallbacks, usage rows);
+    without one, ``client`` and ``model`` answer every step.
     """
+    if caller is None:
+        from turns.steps import StepCaller, single
+
+        caller = StepCaller(single(client, model), None)
     by_name = {t.name: t for t in tools}
     base: dict[str, Any] = {
         "model": model,
@@ -112,13 +158,17 @@ async def run_steps(
     if effort:
         base["reasoning_effort"] = effort
     previous: list[tuple[str, str]] | None = None
-    for _step in range(settings.max_steps):
+
+    def stream(client: openai.AsyncOpenAI, body: dict[str, Any], step_usage: Usage) -> Any:
+        return _stream_step(client, body, parts, step_usage)
+
+    for step in range(settings.max_steps):
         first_part = len(parts.parts)
+        call = partial(_call_step, caller, step, base, stream, usage)
         if window is None:
-            calls = await _stream_step(client, {**base, "messages": messages}, parts, usage)
+            calls = await call(messages)
         else:  # the prompt fitted to the model's context (turns.context)
-            send = partial(_send_step, client, base, parts, usage)
-            calls = await window.step(send, messages, lambda: usage.input)
+            calls = await window.step(call, messages, lambda: usage.input)
         parts.end_run()
         if not calls:
             return
@@ -149,23 +199,26 @@ async def run_steps(
                 ],
             },
         ]
-        results = await _run_tools(calls, signature, by_name, tool_context, settings, tool_run)
+        results = await _run_tools(
+            calls, signature, by_name, tool_context, settings, tool_run, caller
+        )
         for call, (output, is_error) in zip(calls, results, strict=True):
             part = parts.tool_result(call.id, output, is_error)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": part["output"]})
 
 
-async def _send_step(
-    client: openai.AsyncOpenAI, base: dict[str, Any], parts: PartsBuilder, usage: Usage,
+async def _call_step(
+    caller: StepCaller, step: int, base: dict[str, Any], stream: Any, usage: Usage,
     messages: list[dict[str, Any]],
 ) -> list[_Call]:
-    return await _stream_step(client, {**base, "messages": messages}, parts, usage)
+    return await caller.call(step, {**base, "messages": messages}, stream, usage)
 
 
 async def _stream_step(
     client: openai.AsyncOpenAI, body: dict[str, Any], parts: PartsBuilder, usage: Usage
 ) -> list[_Call]:
     calls: dict[int, _Call] = {}
+    first_part = len(parts.parts)
     try:
         async with client.chat.completions.with_streaming_response.create(**body) as response:
             async for line in response.iter_lines():
@@ -183,24 +236,37 @@ async def _stream_step(
                 if chunk.get("error"):
                     raise TurnFailed(f"the model failed: {_error_text(chunk['error'])}")
                 if chunk.get("usage"):
-                    usage.add(chunk["usage"])
+                    usage.add(chunk["usage"], chunk.get("model"))
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta")
                     if delta:
                         _apply_delta(delta, parts, calls)
-    except openai.APIStatusError as exc:
-        if too_long(exc.status_code, exc.body):
-            raise _TooLong(f"the model provider answered {exc.status_code}: {_status_text(exc)}") from None
-        raise TurnFailed(f"the model provider answered {exc.status_code}: {_status_text(exc)}") from None
-    except openai.APITimeoutError:
-        raise TurnFailed("the model provider did not answer in time") from None
-    except openai.APIConnectionError:
-        raise TurnFailed("could not reach the model provider") from None
-    except httpx2.ReadTimeout:
-        raise TurnFailed("the model stopped sending (stalled)") from None
-    except httpx2.HTTPError:
-        raise TurnFailed("the model's stream was cut off") from None
+    except (ModelFailed, _TooLong):
+        raise
+    except (TurnFailed, openai.APIError, httpx2.HTTPError) as exc:
+        if isinstance(exc, openai.APIStatusError) and too_long(exc.status_code, exc.body):
+            # Not a fallback's case: the context window retries it with half the budget.
+            raise _TooLong(_failure_text(exc)) from None
+        # Nothing of this call reached the parts yet: a fallback model may take over.
+        started = bool(calls) or len(parts.parts) > first_part
+        raise ModelFailed(_failure_text(exc), started=started) from None
     return [calls[i] for i in sorted(calls)]
+
+
+def _failure_text(exc: Exception) -> str:
+    if isinstance(exc, TurnFailed):
+        return str(exc)
+    if isinstance(exc, openai.APIStatusError):
+        return f"the model provider answered {exc.status_code}: {_status_text(exc)}"
+    if isinstance(exc, openai.APITimeoutError):
+        return "the model provider did not answer in time"
+    if isinstance(exc, openai.APIConnectionError):
+        return "could not reach the model provider"
+    if isinstance(exc, httpx2.ReadTimeout):
+        return "the model stopped sending (stalled)"
+    if isinstance(exc, httpx2.HTTPError):
+        return "the model's stream was cut off"
+    return f"the model call failed: {type(exc).__name__}"
 
 
 def _apply_delta(delta: dict[str, Any], parts: PartsBuilder, calls: dict[int, _Call]) -> None:
@@ -253,6 +319,7 @@ async def _run_tools(
     context: ToolContext,
     settings: TurnSettings,
     tool_run: ToolRun,
+    caller: StepCaller | None = None,
 ) -> list[tuple[Any, bool]]:
     """Run a step's tool calls in parallel, at most ``max_parallel_tools`` at a time."""
     results: list[tuple[Any, bool]] = [("", True)] * len(calls)
@@ -264,9 +331,14 @@ async def _run_tools(
             results[i] = (refusal, True)
             return
         async with limit:
-            results[i] = await _run_tool(
-                by_name.get(name), name, arguments, context, settings, calls[i].id, tool_run
-            )
+            span = caller.tool_span(name, calls[i].id, arguments) if caller else None
+            try:
+                results[i] = await _run_tool(
+                    by_name.get(name), name, arguments, context, settings, calls[i].id, tool_run
+                )
+            finally:
+                if span is not None:
+                    span.end(*results[i])
 
     async with anyio.create_task_group() as tg:
         for i, (name, arguments) in enumerate(signature):

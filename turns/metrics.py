@@ -24,6 +24,13 @@ class TurnMetrics:
             "turnd_stream_subscribers", "Open SSE subscriptions", registry=self.registry
         )
         self.running = Gauge("turnd_turns_running", "Turns generating now", registry=self.registry)
+        # SPEC §16; model is "provider:id", kind input/output/reasoning/cached.
+        self.tokens = Counter(
+            "turnd_tokens", "Tokens of model calls", ["model", "kind"], registry=self.registry
+        )
+        self.cost = Counter(
+            "turnd_cost_usd", "USD spent on model calls", ["model"], registry=self.registry
+        )
 
     def subscriber_delta(self, delta: int) -> None:
         self.subscribers.inc(delta)

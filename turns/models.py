@@ -8,6 +8,7 @@ from typing import Any, Literal, get_args
 import httpx2  # the HTTP client openai 3.x is built on
 import openai
 
+from turns.retries import ReportingOpenAI
 from turns.settings import Provider
 
 # The efforts a request may name, listed once (the HTTP API and the CLI take these).
@@ -90,7 +91,8 @@ class Clients:
         key = (provider.name, retries)
         client = self._clients.get(key)
         if client is None:
-            client = self._clients[key] = openai.AsyncOpenAI(
+            # The SDK's client, with its retries reported to the turn (turns.retries).
+            client = self._clients[key] = ReportingOpenAI(
                 base_url=provider.base_url,
                 # Local servers (Ollama, llama.cpp, the echo provider) take any key.
                 api_key=provider.api_key or "unused",

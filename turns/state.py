@@ -33,6 +33,15 @@ CREATE TABLE IF NOT EXISTS turn_claim (
     PRIMARY KEY (did, skey, reply_key)
 );
 CREATE TABLE IF NOT EXISTS cursor (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage_step (
+    id INTEGER PRIMARY KEY,
+    did TEXT NOT NULL, skey TEXT NOT NULL, reply_key TEXT NOT NULL,
+    kind TEXT NOT NULL, step INTEGER NOT NULL, provider TEXT NOT NULL, model TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    reasoning_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+    cost REAL, started_at REAL NOT NULL, duration_ms REAL NOT NULL, outcome TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_step_time ON usage_step (did, started_at);
 """
 
 
@@ -43,6 +52,47 @@ class TurnRequest:
     user_key: str
     attempt: int
     requested_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One model call (SPEC §16): numbers and references, never content."""
+
+    did: str
+    skey: str
+    reply_key: str
+    kind: str  # "turn", or "title" / "summary" for the calls made beside a turn
+    step: int
+    provider: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    cost: float | None  # USD; None when neither a price nor a reported cost is known
+    started_at: float  # unix seconds
+    duration_ms: float
+    outcome: str  # ok, error, fallback (failed before its first token), cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSum:
+    key: str
+    turns: int
+    steps: int
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    cost: float
+
+
+_GROUPS = {
+    "day": "strftime('%Y-%m-%d', started_at, 'unixepoch')",
+    "model": "provider || ':' || model",
+    "conversation": "skey",
+    "total": "'total'",  # one row of everything (turnd usage)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +202,63 @@ class StateDB:
 
     async def set_cursor(self, name: str, value: str) -> None:
         await self._run("INSERT OR REPLACE INTO cursor VALUES (?, ?)", (name, value))
+
+    # -- usage (SPEC §16) -------------------------------------------------------------
+
+    async def add_usage(self, row: UsageRow) -> None:
+        await self._run(
+            "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
+            " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
+            " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                row.did, row.skey, row.reply_key, row.kind, row.step, row.provider, row.model,
+                row.input_tokens, row.output_tokens, row.reasoning_tokens, row.cached_tokens,
+                row.cost, row.started_at, row.duration_ms, row.outcome,
+            ),
+        )
+
+    async def usage_rows(self, did: str) -> list[UsageRow]:
+        """Every usage row of an account, oldest first (tests, exports)."""
+        async with self._lock:
+            rows = await self._db.execute_fetchall(
+                "SELECT did, skey, reply_key, kind, step, provider, model, input_tokens,"
+                " output_tokens, reasoning_tokens, cached_tokens, cost, started_at, duration_ms,"
+                " outcome FROM usage_step WHERE did=? ORDER BY id",
+                (did,),
+            )
+        return [UsageRow(*row) for row in rows]
+
+    async def usage_sums(self, did: str, start: float, end: float, group: str) -> list[UsageSum]:
+        """Sums of ``did``'s rows with ``start <= started_at < end``, by day, model or conversation."""
+        key = _GROUPS[group]
+        async with self._lock:
+            rows = await self._db.execute_fetchall(
+                f"SELECT {key} AS k,"
+                " COUNT(DISTINCT CASE WHEN kind = 'turn' THEN skey || ' ' || reply_key END),"
+                " COUNT(DISTINCT skey || ' ' || reply_key || ' ' || kind || ' ' || step),"
+                " SUM(input_tokens), SUM(output_tokens), SUM(reasoning_tokens),"
+                " SUM(cached_tokens), TOTAL(cost)"
+                " FROM usage_step WHERE did=? AND started_at >= ? AND started_at < ?"
+                " GROUP BY k ORDER BY k",
+                (did, start, end),
+            )
+        return [UsageSum(*row) for row in rows]
+
+    async def usage_totals(
+        self, did: str, day_start: float, month_start: float, end: float
+    ) -> tuple[int, float]:
+        """(input + output tokens since ``day_start``, cost since ``month_start``), before ``end``.
+
+        One query: the quota check runs between the claim and the model call.
+        """
+        async with self._lock:
+            rows = await self._db.execute_fetchall(
+                "SELECT TOTAL(CASE WHEN started_at >= ? THEN input_tokens + output_tokens END),"
+                " TOTAL(cost) FROM usage_step WHERE did=? AND started_at >= ? AND started_at < ?",
+                (day_start, did, min(day_start, month_start), end),
+            )
+        tokens, cost = rows[0]
+        return int(tokens), float(cost)
 
 
 async def _connect(path: Path) -> aiosqlite.Connection:

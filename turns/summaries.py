@@ -75,6 +75,10 @@ class BranchSummaries:
         self._model = model
         self.usage: list[dict[str, Any]] = []  # the summary calls' reported usage
 
+    @property
+    def model(self) -> dict[str, str]:
+        return dict(self._model)
+
     async def existing(self) -> dict[str, str]:
         """Summaries whose covered message is on this branch (read once, when needed)."""
         found: dict[str, str] = {}

@@ -76,10 +76,13 @@ class Titles:
         store: RecordStore,
         clients: Clients,
         touch_ref: Callable[[str, str, str | None], Awaitable[None]],
+        record_usage: Callable[[str, str, str, dict, dict], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._clients = clients
         self._touch_ref = touch_ref
+        # (did, skey, kind, model, usage) -> the usage ledger (SPEC §16: titles count)
+        self._record_usage = record_usage
         self._scopes: dict[tuple[str, str], anyio.CancelScope] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.usage: list[dict[str, Any]] = []
@@ -124,7 +127,12 @@ class Titles:
         scope = self._scopes[address] = anyio.CancelScope()
         try:
             with scope, anyio.move_on_after(TITLE_TIMEOUT):
+                seen = len(self.usage)
                 title = await self._ask(settings, model, user_message, reply)
+                if self._record_usage is not None:
+                    calls, self.usage[seen:] = self.usage[seen:], []
+                    for call in calls:
+                        await self._record_usage(did, skey, "title", call["model"], call["usage"])
                 if title:
                     await self._write(did, skey, title, reply.get("parent"))
         except Exception:

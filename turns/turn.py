@@ -35,6 +35,7 @@ from recordstore import (
 )
 from recordstore.keys import reply_key
 from turns import conversations, records
+from turns.accounting import Books, TurnAccount
 from turns.approval import ApprovalGate, Approvals, pending_reply
 from turns.conversations import Conversation
 from turns.final_writes import FinalWrites
@@ -119,6 +120,7 @@ class TurnServices:
     running: dict[TurnAddress, Turn]
     titles: Titles
     final_writes: FinalWrites
+    books: Books  # usage, quotas, fallbacks, traces (SPEC §16)
     cache_dir: Path | None = None  # image derivatives, by CID (turns.attachments)
     # SPEC §14: the tools a turn may offer (plugins' and [tools.NAME] sources'), approvals.
     tools: Any = None  # plugins.sources.ToolCatalog; None: the plugins' tools only
@@ -137,6 +139,7 @@ class Turn:
         self.queued = False  # waiting for the rate limit, nothing claimed yet
         self.buffer: StreamBuffer | None = None
         self.usage = Usage()
+        self.account: TurnAccount | None = None  # usage, cost, quota, spans (SPEC §16)
         self.conversation: Conversation
         self.user_message: dict[str, Any]
         self.chain: list[dict[str, Any]]
@@ -295,6 +298,7 @@ class Turn:
         started = time.monotonic()
         parts = PartsBuilder(self.buffer)
         status, error = "complete", None
+        account = self.account = s.books.begin(a.did, a.skey, a.reply, self.model, self.buffer)
         self.tools = []  # filled in by _offer_tools, inside the turn's scope
         self.context = TurnContext(
             user=a.did,
@@ -323,6 +327,8 @@ class Turn:
                     offered = await self._offer_tools()
                     # 5. Resolve the provider.
                     provider = s.clients.provider(self.model)
+                    # Past a quota no model is called, not even a summary's.
+                    await account.check_quota()
                     # 6. Build the prompt from the branch.
                     preferences, info = self.conversation.preferences, self.conversation.info
                     system = instructions(settings, preferences, info)
@@ -332,6 +338,7 @@ class Turn:
                         provider=provider, publish=self.buffer.publish, cache_dir=s.cache_dir,
                     )
                     # 7. Filter.
+                    account.summaries = prompt.summaries
                     messages = await s.plugins.filter(BEFORE_MODEL, prompt.messages, self.context)
                     # 8-9. Generate and stream.
                     await run_steps(
@@ -346,6 +353,7 @@ class Turn:
                         usage=self.usage,
                         window=prompt.window,
                         tool_run=ToolRun(gate, s.tool_calls),
+                        caller=account.caller(s.clients, provider, self.model, settings.retries),
                     )
                 except (TurnFailed, ModelResolutionError, HookError) as exc:
                     status, error = "error", scrub(str(exc), s.secrets)
@@ -404,6 +412,8 @@ class Turn:
             record = records.final(
                 self.placeholder, parts.finish(), status, error, self.usage.record()
             )
+            account = self.account or s.books.begin(a.did, a.skey, a.reply, self.model, None)
+            record["model"] = account.answered_by(self.model)  # after a fallback, not the asked
             self.context.reply = record
             try:
                 record = await s.plugins.filter(AFTER_MODEL, record, self.context)
@@ -425,8 +435,13 @@ class Turn:
                     record, scrub(f"could not store the reply: {exc}", s.secrets)
                 )
             s.running.pop(a, None)  # written (or handed to the retry): nothing left to cancel
-            self.buffer.publish("status", records.status_event(record, self.model))
+            status_event = records.status_event(record, record.get("model", self.model))
+            self.buffer.publish(
+                "status", account.status_fields(status_event, self.usage, parts.first_delta_at)
+            )
             self.buffer.close()
+            account.end(record)
+            await account.record_summaries()
             ttft = parts.first_delta_at - started if parts.first_delta_at is not None else None
             self._observe(record, ttft, time.monotonic() - started)
             if not written:

@@ -22,6 +22,7 @@ class TurnPrompt:
     messages: list[dict[str, Any]]
     window: ContextWindow
     attachments: Attachments
+    summaries: BranchSummaries | None = None  # their calls' usage is recorded (SPEC §16)
 
 
 async def turn_prompt(
@@ -63,4 +64,4 @@ async def turn_prompt(
         publish=publish,
     )
     messages = [*head, *(m for _, group in groups for m in group)]
-    return TurnPrompt(messages, window, attachments)
+    return TurnPrompt(messages, window, attachments, summaries)

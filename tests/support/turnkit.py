@@ -116,6 +116,7 @@ async def turn_kit(
     cache_dir: Path | None = None,
     context: int | None = None,
     model_context: dict[str, int] | None = None,
+    accounting: Any = None,
     data_dir: Path | None = None,
     **engine_options: Any,
 ) -> AsyncIterator[Kit]:
@@ -137,6 +138,7 @@ async def turn_kit(
             plugins,
             user_tools=user_tools,
             cache_dir=cache_dir,
+            accounting=accounting,
             **engine_options,
         )
         kit = Kit(store, state, engine, fake, settings or TurnSettings(retries=0))

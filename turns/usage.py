@@ -1,0 +1,182 @@
+"""The usage ledger: one row per model call in the state file, metrics, quota counts.
+
+Every model call turnd makes is recorded here, the steps of a turn and the calls made
+beside one (titles, summaries: :meth:`UsageLedger.record_call` with ``kind``), so
+``GET /api/usage``, ``turnd usage``, ``/metrics`` and the quotas all see the same
+numbers. A row holds numbers and references only, never content.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from turns.generate import Usage
+from turns.metrics import TurnMetrics
+from turns.pricing import Price
+from turns.quota import Clock, QuotaCounter, QuotaGate, month_window, utc_now
+from turns.state import StateDB, UsageRow, UsageSum
+
+log = logging.getLogger("turnd.usage")
+
+
+def model_key(ref: Mapping[str, str]) -> str:
+    return f"{ref['provider']}:{ref['id']}"
+
+
+class UsageLedger:
+    def __init__(
+        self,
+        state: StateDB,
+        metrics: TurnMetrics,
+        prices: Mapping[str, Price] | None = None,
+        counter: QuotaCounter | None = None,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._state = state
+        self._metrics = metrics
+        self._prices = dict(prices or {})
+        self.counter = counter
+        self.clock = clock
+
+    def price(self, ref: Mapping[str, str]) -> Price | None:
+        return self._prices.get(model_key(ref))
+
+    def cost(self, ref: Mapping[str, str], usage: Usage) -> float | None:
+        """The provider's reported cost, else the configured price's, else None."""
+        if usage.cost is not None:
+            return usage.cost
+        price = self.price(ref)
+        if price is None:
+            return None
+        return price.cost(usage.input, usage.output, usage.cached)
+
+    def now(self) -> float:
+        """Unix seconds by the ledger's clock (injectable: the quota tests move it)."""
+        return self.clock().timestamp()
+
+    async def record_call(
+        self,
+        did: str,
+        skey: str,
+        reply_key: str,
+        ref: Mapping[str, str],
+        usage: Usage,
+        *,
+        step: int = 0,
+        kind: str = "turn",
+        started: float | None = None,
+        duration: float = 0.0,
+        outcome: str = "ok",
+    ) -> float | None:
+        """Record one model call; returns its cost in USD when known.
+
+        ``started`` is unix seconds by :meth:`now` (default: now); ``duration`` seconds.
+        Titles and summaries call this with ``kind="title"`` / ``"summary"`` and the
+        reply key they were made for, so they count like any step.
+        """
+        cost = self.cost(ref, usage)
+        row = UsageRow(
+            did=did,
+            skey=skey,
+            reply_key=reply_key,
+            kind=kind,
+            step=step,
+            provider=ref["provider"],
+            model=ref["id"],
+            input_tokens=usage.input,
+            output_tokens=usage.output,
+            reasoning_tokens=usage.reasoning,
+            cached_tokens=usage.cached,
+            cost=cost,
+            started_at=self.now() if started is None else started,
+            duration_ms=round(duration * 1000, 3),
+            outcome=outcome,
+        )
+        try:
+            await self._state.add_usage(row)
+        except Exception as exc:  # noqa: BLE001 - accounting must never fail a turn
+            log.error("could not record the usage of %s/%s: %s", skey, reply_key, exc)
+        label = model_key(ref)
+        tokens = self._metrics.tokens
+        for kind_label, n in (
+            ("input", usage.input),
+            ("output", usage.output),
+            ("reasoning", usage.reasoning),
+            ("cached", usage.cached),
+        ):
+            if n:
+                tokens.labels(label, kind_label).inc(n)
+        if cost:
+            self._metrics.cost.labels(label).inc(cost)
+        if self.counter is not None and (usage.input or usage.output or cost):
+            at = datetime.fromtimestamp(row.started_at, UTC)
+            await self.counter.add(did, at, usage.input + usage.output, cost or 0.0)
+        return cost
+
+
+# -- reports (GET /api/usage, turnd usage) ---------------------------------------------------
+
+
+class BadDate(ValueError):
+    pass
+
+
+def parse_day(name: str, value: str) -> date:
+    """``YYYY-MM-DD`` -> a date, else BadDate naming the parameter."""
+    try:
+        if len(value) != 10:
+            raise ValueError
+        return date.fromisoformat(value)
+    except ValueError:
+        raise BadDate(f"{name}: expected a date YYYY-MM-DD, got {value!r}") from None
+
+
+def day_start(day: date) -> float:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
+
+
+def this_month(now: datetime) -> tuple[date, date]:
+    start, end = month_window(now)
+    return start.date(), (end - timedelta(days=1)).date()
+
+
+def sum_json(row: UsageSum) -> dict[str, Any]:
+    return {
+        "key": row.key,
+        "turns": row.turns,
+        "steps": row.steps,
+        "inputTokens": row.input_tokens,
+        "outputTokens": row.output_tokens,
+        "reasoningTokens": row.reasoning_tokens,
+        "cachedTokens": row.cached_tokens,
+        "cost": round(row.cost, 8),
+    }
+
+
+async def usage_report(
+    state: StateDB,
+    did: str,
+    first: date,
+    last: date,
+    group: str,
+    quotas: QuotaGate | None = None,
+) -> dict[str, Any]:
+    """SPEC §16's ``GET /api/usage`` answer: UTC days ``first``..``last`` inclusive."""
+    if last < first:
+        raise BadDate(f"to: {last.isoformat()} is before from: {first.isoformat()}")
+    rows = await state.usage_sums(
+        did, day_start(first), day_start(last + timedelta(days=1)), group
+    )
+    out: dict[str, Any] = {
+        "from": first.isoformat(),
+        "to": last.isoformat(),
+        "group": group,
+        "rows": [sum_json(r) for r in rows],
+    }
+    quota = await quotas.status(did) if quotas is not None else None
+    if quota:
+        out["quota"] = quota
+    return out
