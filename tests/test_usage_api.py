@@ -17,7 +17,7 @@ import pytest
 
 from daemon.config import ConfigError
 from testbed.fakemodel import FakeModel, Reply
-from tests.support.daemon import _ENV, daemon_config, running_daemon
+from tests.support.daemon import _ENV, ALICE, BOB, daemon_config, running_daemon
 from tests.support.sse import read_events
 
 pytestmark = pytest.mark.anyio
@@ -28,7 +28,8 @@ PRICES = {"fake-model": {"inputPrice": 2.0, "outputPrice": 10.0, "cachedInputPri
 
 def tables(fake: FakeModel, quota: dict[str, Any] | None = None) -> dict[str, Any]:
     alice: dict[str, Any] = {
-        "handle": "alice.test", "password_env": "T_ALICE_PASSWORD", "token_env": "T_ALICE_TOKEN",
+        "handle": "alice.test", "did": ALICE, "password_env": "T_ALICE_PASSWORD",
+        "token_env": "T_ALICE_TOKEN",
     }
     if quota is not None:
         alice["quota"] = quota
@@ -39,7 +40,7 @@ def tables(fake: FakeModel, quota: dict[str, Any] | None = None) -> dict[str, An
         },
         "accounts": {
             "alice": alice,
-            "bob": {"handle": "bob.test", "password_env": "T_BOB_PASSWORD",
+            "bob": {"handle": "bob.test", "did": BOB, "password_env": "T_BOB_PASSWORD",
                     "token_env": "T_BOB_TOKEN"},
         },
     }
@@ -201,7 +202,8 @@ async def test_turnd_usage_prints_today_and_this_month(tmp_path: Path) -> None:
             f'[providers.fake]\nbase_url = "{fake.base_url}"\napi_key_env = "T_FAKE_KEY"\n'
             '[providers.fake.model."fake-model"]\ninputPrice = 2.0\noutputPrice = 10.0\n'
             '[models]\ndefault = "fake:fake-model"\n'
-            '[accounts.alice]\nhandle = "alice.test"\npassword_env = "T_ALICE_PASSWORD"\n'
+            f'[accounts.alice]\nhandle = "alice.test"\ndid = "{ALICE}"\n'
+            'password_env = "T_ALICE_PASSWORD"\n'
             'token_env = "T_ALICE_TOKEN"\nquota = { tokensPerDay = 100000 }\n'
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("TURND_")} | _ENV
