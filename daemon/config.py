@@ -786,11 +786,19 @@ class SettingsReloader:
     edit is logged and the last good settings stay in force: a typo must not stop turns.
     """
 
-    def __init__(self, path: Path | None, current: TurnSettings, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        current: TurnSettings,
+        env: Mapping[str, str],
+        *,
+        clock: Callable[[], float] = time.monotonic,  # a test's clock lets the second pass
+    ) -> None:
         self._path = path
         self._current = current
         self._env = dict(env)
-        self._checked = time.monotonic()
+        self._clock = clock
+        self._checked = clock()
         self._mtime = self._stat()
         self._lock = threading.Lock()  # the engine may call from worker threads too
 
@@ -803,7 +811,7 @@ class SettingsReloader:
             return None
 
     def __call__(self) -> TurnSettings:
-        now = time.monotonic()
+        now = self._clock()
         if self._path is None or now - self._checked < 1.0:
             return self._current
         with self._lock:

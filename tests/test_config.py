@@ -14,6 +14,7 @@ import pytest
 from daemon.config import (
     ECHO_LABEL,
     ConfigError,
+    SettingsReloader,
     ensure_credentials,
     load_config,
     local_did,
@@ -374,39 +375,55 @@ def test_first_start_credentials_are_0600_and_made_once(tmp_path: Path) -> None:
 # -- [turns] reload -------------------------------------------------------------------------
 
 
+class Clock:
+    """A monotonic clock the test moves by hand (the reloader stats at most once a second)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_turns_settings_reload_when_the_file_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write(tmp_path, "[turns]\nmaxSteps = 3\n")
     config = load_config(path, env={})
+    assert isinstance(config.settings, SettingsReloader)
     assert config.settings().max_steps == 3
+    clock = Clock()
+    settings = SettingsReloader(path, config.settings(), {}, clock=clock)
 
     path.write_text("[turns]\nmaxSteps = 5\nratePerMinute = 2\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 5_000_000_000))
     # At most one stat a second: a turn starting right away still gets the old ones...
-    assert config.settings().max_steps == 3
-    time.sleep(1.05)
+    assert settings().max_steps == 3
+    clock.now += 0.9
+    assert settings().max_steps == 3
+    clock.now += 0.2
     # ...and the next turn after that gets the edit, without a restart.
-    settings = config.settings()
-    assert (settings.max_steps, settings.rate_per_minute) == (5, 2)
+    assert (settings().max_steps, settings().rate_per_minute) == (5, 2)
 
     # A broken edit is logged and the last good settings stay in force.
     path.write_text("[turns]\nmaxSteps = 0\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10_000_000_000))
-    time.sleep(1.05)
+    clock.now += 1.1
     with caplog.at_level(logging.ERROR, logger="turnd.config"):
-        assert config.settings().max_steps == 5
+        assert settings().max_steps == 5
     assert "turns.maxSteps" in caplog.text
 
 
 def test_turns_reload_keeps_env_overrides(tmp_path: Path) -> None:
     path = write(tmp_path, "[turns]\nmaxSteps = 3\n")
-    config = load_config(path, env={"TURND_TURNS_RATEPERMINUTE": "7"})
+    env = {"TURND_TURNS_RATEPERMINUTE": "7"}
+    config = load_config(path, env=env)
+    clock = Clock()
+    settings = SettingsReloader(path, config.settings(), env, clock=clock)
     path.write_text("[turns]\nmaxSteps = 4\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 5_000_000_000))
-    time.sleep(1.05)
-    settings = config.settings()
-    assert (settings.max_steps, settings.rate_per_minute) == (4, 7)
+    clock.now += 1.1
+    assert (settings().max_steps, settings().rate_per_minute) == (4, 7)
 
 
 # -- through the real console script ----------------------------------------------------------

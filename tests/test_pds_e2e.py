@@ -182,6 +182,9 @@ class Backend:
             got = self.get(daemon, skey, key)
             if got is None or got[1].get("status") in (None, "pending"):
                 return None
+            # Loose on purpose: on the local backend the store computed that CID with record_cid, so
+            # this only holds the pds backend (the PDS's own CID) to account; the fixed vectors in
+            # tests/test_cid.py are what anchor record_cid itself.
             assert got[0] == record_cid(got[1]), (key, got)
             return got[1]
 
@@ -275,6 +278,9 @@ def test_direct_write_answered_then_regenerated(backend: Backend, running: Any) 
         assert sorted(records) == sorted([key, f"{key}.r0", f"{key}.r1"])
         assert records[f"{key}.r0"][0] == r0_cid  # .r0 kept, unchanged
         assert records[key][0] == record_cid(regen)
+        # Loose on purpose: on the local backend the store computed that CID with record_cid, so
+        # this only holds the pds backend (the PDS's own CID) to account; the fixed vectors in
+        # tests/test_cid.py are what anchor record_cid itself.
         for k, (c, v) in records.items():
             assert c == record_cid(v), k
         assert fake.request_count == 2  # one generation per attempt
@@ -415,6 +421,9 @@ def test_two_daemons_race_one_generation_each(backend: Backend, running: Any) ->
         replies: Counter[str] = Counter()
         for skey, records in convs.items():
             for k, (cid, value) in records.items():
+                # Loose on purpose: on the local backend the store computed that CID with record_cid, so
+                # this only holds the pds backend (the PDS's own CID) to account; the fixed vectors in
+                # tests/test_cid.py are what anchor record_cid itself.
                 assert cid == record_cid(value), k
                 parsed = parse_reply_key(k)
                 if parsed is None:

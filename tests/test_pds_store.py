@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,17 +11,13 @@ import pytest
 from atproto import AsyncClient
 
 from recordstore import (
-    INFO,
     MESSAGE,
-    BlobNotFound,
     Change,
     InvalidKey,
     InvalidRecord,
-    InvalidSwap,
     RecordExists,
     StoreError,
 )
-from recordstore.cid import record_cid
 from recordstore.firehose import decode_cursor
 from recordstore.keys import new_tid
 from recordstore.pds import PdsAccount, PdsStore
@@ -94,82 +88,15 @@ async def start(feed: AsyncIterator[Change], store: PdsStore, did: str) -> Chang
 # --- records -------------------------------------------------------------------------------
 
 
-async def test_create_get_and_cid_as_a_pds(store: PdsStore, did: str) -> None:
-    without_type = {k: v for k, v in message().items() if k != "$type"}
-    rec = await store.create_record(did, SPACE, MESSAGE, "k1", without_type)
-    assert rec.cid == MINIMAL_CID
-    assert rec.value["$type"] == MESSAGE
-    assert await store.get_record(did, SPACE, MESSAGE, "k1") == rec
-    assert await store.get_record(did, SPACE, MESSAGE, "k2") is None
-
-
-async def test_create_is_create_only(store: PdsStore, did: str) -> None:
+async def test_a_create_whose_answer_was_lost_reads_back_as_ours(store: PdsStore, did: str) -> None:
+    # The shared cases (create, put, delete, list, blobs) are in tests/test_store_contract.py.
     first = await store.create_record(did, SPACE, MESSAGE, "k", message("one"))
-    # The PDS answers this with a bare 500; the read-back shows another CID: taken.
+    # The PDS answers a second create with a bare 500; the read-back shows another CID: taken.
     with pytest.raises(RecordExists):
         await store.create_record(did, SPACE, MESSAGE, "k", message("two"))
-    assert await store.get_record(did, SPACE, MESSAGE, "k") == first
     # The same bytes again read back as our own write (a create whose answer was lost):
     # why racing writers must never write byte-identical records.
     assert await store.create_record(did, SPACE, MESSAGE, "k", message("one")) == first
-
-
-async def test_put_and_swap(store: PdsStore, did: str) -> None:
-    with pytest.raises(InvalidSwap):  # a swap on an absent record is a mismatch
-        await store.put_record(did, SPACE, MESSAGE, "k", message(), swap_cid=record_cid(message()))
-    assert await store.get_record(did, SPACE, MESSAGE, "k") is None
-    one = await store.put_record(did, SPACE, MESSAGE, "k", message("one"))
-    with pytest.raises(InvalidSwap):
-        await store.put_record(
-            did, SPACE, MESSAGE, "k", message("two"), swap_cid=record_cid(message("x"))
-        )
-    two = await store.put_record(did, SPACE, MESSAGE, "k", message("two"), swap_cid=one.cid)
-    assert await store.get_record(did, SPACE, MESSAGE, "k") == two
-
-
-async def test_delete(store: PdsStore, did: str) -> None:
-    rec = await store.create_record(did, SPACE, MESSAGE, "k", message())
-    with pytest.raises(InvalidSwap):
-        await store.delete_record(did, SPACE, MESSAGE, "k", swap_cid=record_cid(message("x")))
-    assert await store.get_record(did, SPACE, MESSAGE, "k") is not None
-    await store.delete_record(did, SPACE, MESSAGE, "k", swap_cid=rec.cid)
-    assert await store.get_record(did, SPACE, MESSAGE, "k") is None
-    await store.delete_record(did, SPACE, MESSAGE, "k")
-    await store.delete_record(did, SPACE, MESSAGE, "k", swap_cid=rec.cid)
-    await store.create_record(did, SPACE, MESSAGE, "k", message())  # the key is free again
-
-
-async def test_list_records_order_and_pages(store: PdsStore, did: str) -> None:
-    keys = [new_tid() for _ in range(7)]
-    for k in reversed(keys):
-        await store.create_record(did, SPACE, MESSAGE, k, message(k))
-    await store.create_record(did, SPACE, INFO, "self", {"createdAt": "2026-01-01T00:00:00.000Z"})
-    # Neighbouring spaces on both sides of SPACE's key range.
-    await store.create_record(did, "3m2a4b5c6d7e3", MESSAGE, keys[0], message())
-    await store.create_record(did, "3m2a4b5c6d7e", MESSAGE, "zzz", message())
-
-    page, cursor = await store.list_records(did, SPACE, MESSAGE)
-    assert [r.key for r in page] == keys and cursor is None
-    assert all(r.space == SPACE and r.did == did for r in page)
-
-    seen: list[str] = []
-    cursor = None
-    while True:
-        page, cursor = await store.list_records(did, SPACE, MESSAGE, cursor=cursor, limit=3)
-        seen += [r.key for r in page]
-        if cursor is None:
-            break
-        assert len(page) == 3
-    assert seen == keys
-
-    page, cursor = await store.list_records(did, SPACE, MESSAGE, reverse=True, limit=4)
-    assert [r.key for r in page] == keys[::-1][:4]
-    page, cursor = await store.list_records(did, SPACE, MESSAGE, reverse=True, cursor=cursor)
-    assert [r.key for r in page] == keys[::-1][4:] and cursor is None
-
-    page, _ = await store.list_records(did, SPACE, INFO)
-    assert [r.key for r in page] == ["self"]
-    assert await store.list_records(did, "3m2a4b5c6d7e4", MESSAGE) == ([], None)
 
 
 async def test_list_records_beyond_one_pds_page(store: PdsStore, did: str) -> None:
@@ -193,23 +120,6 @@ async def test_refusals_write_nothing(store: PdsStore, did: str) -> None:
     with pytest.raises(StoreError, match="not an account"):
         await store.create_record("did:plc:nobody", SPACE, MESSAGE, "k", message())
     assert await store.get_record(did, SPACE, MESSAGE, "k") is None
-
-
-async def test_blobs(store: PdsStore, did: str) -> None:
-    ref = await store.upload_blob(did, b"\x89PNG...", "image/png")
-    cid = ref["ref"]["$link"]
-    assert ref == {"$type": "blob", "ref": {"$link": cid}, "mimeType": "image/png", "size": 7}
-    assert cid.startswith("bafkrei")
-    # The reference PDS keeps a blob no record references as temporary; a record makes it
-    # permanent, and readable with getBlob.
-    value = message()
-    value["content"]["parts"].append(
-        {"$type": "network.sharedcomputer.chat.defs#imagePart", "image": ref}
-    )
-    await store.create_record(did, SPACE, MESSAGE, "with-image", value)
-    assert await store.get_blob(did, cid) == b"\x89PNG..."
-    with pytest.raises(BlobNotFound):
-        await store.get_blob(did, "bafkreinothere2222222222222222222")
 
 
 async def test_session_logs_in_again_when_its_tokens_are_gone(store: PdsStore, did: str) -> None:
@@ -244,13 +154,11 @@ async def test_feed_from_start_then_a_direct_write_live(
         b = next(c for c in backfill if c.key == "b")
         assert (b.cid, b.record, b.did, b.space, b.error) == (two.cid, two.value, did, SPACE, None)
 
-        # A stock-SDK write lands in the feed within a second, as live.
-        t0 = time.monotonic()
+        # A stock-SDK write lands in the feed, as live (how soon: `python -m bench.pds`).
         out = await direct.com.atproto.repo.create_record(
             {"repo": did, "collection": MESSAGE, "rkey": f"{SPACE}:direct", "record": message()}
         )
-        [seen] = await take(feed, 1, within=1.0)
-        assert time.monotonic() - t0 < 1.0
+        [seen] = await take(feed, 1, within=30)
         assert (seen.key, seen.op, seen.live, seen.cid) == ("direct", "create", True, out.cid)
 
         await direct.com.atproto.repo.delete_record(
@@ -401,24 +309,17 @@ async def test_two_accounts_one_feed(pds: PdsServer, pds_account: Account) -> No
     assert sorted((c.did, c.key) for c in got) == sorted([(pds_account.did, "a"), (other.did, "b")])
 
 
-async def test_firehose_latency(store: PdsStore, did: str) -> None:
-    """createRecord returns -> the change is out of the feed, over 200 writes."""
-    latencies: list[float] = []
+async def test_firehose_delivers_every_write_once_in_order(store: PdsStore, did: str) -> None:
+    """200 writes one after another, each out of the feed before the next is made.
+
+    The latency of this path is a benchmark figure (``python -m bench.pds``), not a test.
+    """
     async with store.changes() as feed:
         await start(feed, store, did)
         for i in range(200):
-            await store.create_record(did, SPACE, MESSAGE, f"l{i:03}", message())
-            t0 = time.perf_counter()
+            record = await store.create_record(did, SPACE, MESSAGE, f"l{i:03}", message())
             [c] = await take(feed, 1)
-            latencies.append(time.perf_counter() - t0)
-            assert c.key == f"l{i:03}"
-    latencies.sort()
-    median = statistics.median(latencies) * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    print(
-        f"\nfirehose write->feed latency over 200 writes: median {median:.2f} ms, p99 {p99:.2f} ms"
-    )
-    assert len(latencies) == 200  # a figure, not a check: timings are never asserted
+            assert (c.key, c.op, c.cid, c.live) == (f"l{i:03}", "create", record.cid, True)
 
 
 async def test_feed_of_a_store_used_without_async_with(

@@ -162,6 +162,7 @@ async def test_readers_that_never_read_do_not_slow_the_turn(tmp_path: Path) -> N
                 stored = await anyio.to_thread.run_sync(
                     lambda r=reply: wait_until(lambda: _stored(api, skey, r), 60, "the reply")
                 )
+                assert stored["status"] == "complete", (kind, stored)
                 if reader is not None:
                     _check_events(reader, stored)
                 line = await anyio.to_thread.run_sync(
@@ -178,9 +179,8 @@ async def test_readers_that_never_read_do_not_slow_the_turn(tmp_path: Path) -> N
               f"{plain:.2f}s unwatched (ratio {ratio:.3f}; runs {durations}); "
               f"RSS {[r // 1024 for r in rss]} MB")
         # The figure is reported, not asserted (timings never are): that every turn above
-        # finished, with 20 subscribers that never read, is what proves the turn never
-        # waits on a subscriber.
-        assert len(durations["stuck readers"]) == 3
+        # completed (checked in the loop), with 20 subscribers that never read, is what
+        # proves the turn never waits on a subscriber.
         assert max(rss) - rss[0] < 150 * 1024, rss
         for sock in stuck:
             sock.close()
