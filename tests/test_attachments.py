@@ -190,3 +190,26 @@ async def test_past_the_byte_bound_the_oldest_attachments_become_a_note_naming_t
         assert "'old.txt' is left out" in sent
         assert "(middle.txt" not in sent
         assert sent.count("is left out]") >= 2  # the cap notes, then the bound's
+
+
+def test_a_20_mb_png_named_by_eight_parts_stays_far_from_a_gigabyte(tmp_path: Path) -> None:
+    """SPEC §12's probe, in a fresh process (its peak RSS is the prompt's own)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    width, height = 2550, 2600  # noise: a PNG just under the lexicon's 20 MB
+    image = Image.frombytes("RGB", (width, height), os.urandom(width * height * 3))
+    photo = tmp_path / "photo.png"
+    image.save(photo, "PNG", compress_level=1)
+    assert 19_000_000 < photo.stat().st_size <= 20_000_000
+    probe = subprocess.run(
+        [sys.executable, "-m", "bench.conversations", "--probe", str(photo), "8"],
+        capture_output=True, text=True, timeout=120, check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    got = json.loads(probe.stdout)
+    assert got["rss_peak_mb"] < 1024
+    assert got["held_bytes"] < 4 * 1024 * 1024 * 4 // 3 + 100  # one derivative, base64
+    assert got["sent_bytes_all_parts"] == got["held_bytes"]  # sent once, not eight times

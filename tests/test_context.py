@@ -369,3 +369,32 @@ async def test_a_failing_summary_model_still_drops_and_answers(tmp_path, fake):
         assert context and context[-1]["summarized"] is False and context[-1]["dropped"] > 0
         records, _ = await kit.store.list_records(DID, skey, SUMMARY)
         assert records == []
+
+
+def test_the_config_declares_contexts_presets_and_the_new_turn_settings(tmp_path):
+    from daemon.config import ConfigError, build_config
+
+    def config(**tables):
+        data = {"providers": {"local": {"base_url": "http://127.0.0.1:9/v1", **tables.pop("local", {})}}}
+        return build_config({**data, **tables}, env={}, path=None, base_dir=tmp_path)
+
+    built = config(
+        local={"context": 8192, "model": {"big": {"context": 32768}}},
+        turns={"replyReserveTokens": 1000, "summarize": True, "summaryModel": "local:small",
+               "titleModel": "", "imageMaxPixels": 1024},
+        presets={"p": {"title": "T", "model": "local:big", "template": "x"}},
+    )
+    local = built.providers["local"]
+    assert local.context_of("big") == 32768 and local.context_of("other") == 8192
+    assert built.turns.summarize is True and built.turns.reply_reserve_tokens == 1000
+    assert built.turns.title_model == "" and built.turns.image_max_pixels == 1024
+    assert built.presets == {"p": {"title": "T", "model": "local:big", "template": "x"}}
+    for bad, key in (
+        ({"turns": {"summarize": "yes"}}, "turns.summarize"),
+        ({"turns": {"summaryModel": "nowhere:m"}}, "turns.summaryModel"),
+        ({"presets": {"p": {"model": "nope"}}}, "presets.p.model"),
+        ({"local": {"context": 0}}, "providers.local.context"),
+        ({"local": {"model": {"m": {"contxt": 5}}}}, "providers.local.model.m.contxt"),
+    ):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            config(**bad)

@@ -352,3 +352,23 @@ async def test_the_openapi_document_names_the_new_routes(
             assert "get" in paths[path]
         assert {"get", "put"} <= set(paths["/api/preferences"])
         assert json.dumps(paths)  # serialisable
+
+
+async def test_a_store_without_the_page_ability_pages_the_same(tmp_path: Path) -> None:
+    """The listRecords path (a PDS): the same order, cursor and search as one SQL query."""
+    from recordstore.local import LocalStore
+    from turns import manage
+
+    async with LocalStore.open(tmp_path / "data") as store:
+        for i in range(250):
+            skey = new_tid()
+            await store.put_record(ALICE, SETTINGS_SPACE, CONVERSATION_REF, skey, ref_value(i, skey))
+        fast = await manage.page(store, ALICE, limit=40)
+        slow = await manage._scan(store, ALICE, 41, None, None)
+        assert [c["skey"] for c in fast.conversations] == [s for s, _, _ in slow[:40]]
+        after = manage._decode_cursor(fast.cursor or "")
+        assert [s for s, _, _ in await manage._scan(store, ALICE, 40, after, None)] == [
+            c["skey"] for c in (await manage.page(store, ALICE, limit=40, cursor=fast.cursor)).conversations
+        ]
+        found = await manage._scan(store, ALICE, 100, None, "RECIPE")
+        assert sorted(t for _, t, _ in found) == ["Recipe 0"]
