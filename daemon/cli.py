@@ -90,6 +90,8 @@ timeoutSeconds = 600
 backfillMinutes = 60
 maxParallelTools = 5
 toolTimeoutSeconds = 30
+# maxQueued = 1000             # per account waiting for the rate limit; more get an error reply
+# abandonAfterMinutes = 60     # others' pending replies older than this become "abandoned"
 # systemPrompt = "You are {{{{appName}}}} ... {{{{date}}}}"
 
 # The built-in `echo` provider (echo:echo) needs no section: it is always there and

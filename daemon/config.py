@@ -360,6 +360,8 @@ _TURNS_KEYS = (
     "fileTextMaxBytes",
     "maxAttachmentBytes",
     "approvalTimeoutSeconds",
+    "maxQueued",
+    "abandonAfterMinutes",
 )
 
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import sqlite3
 import subprocess
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ import pytest
 from recordstore import MESSAGE
 from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel, Reply
+from tests.support.records import TEXT
+from tests.support.reliability import FakeProc, Turnd
+from tests.support.sse import parse_events
 from tests.support.turnkit import DID, turn_kit
 from turns.engine import TurnEngine
 from turns.final_writes import FinalWrites
@@ -375,3 +379,41 @@ async def test_a_deleted_state_file_is_recreated_with_the_running_claims(tmp_pat
         await wait_for(lambda: _no_claims(kit.state))
         with sqlite3.connect(state_path) as db:
             assert db.execute("SELECT count(*) FROM turn_claim").fetchone() == (0,)
+
+
+def test_healthz_answers_503_while_a_refused_final_record_waits(tmp_path):
+    """Probe 6 through the daemon: the stream ends, /healthz says the store is down,
+    and both recover once the disk has room again."""
+    with tmpfs(tmp_path / "disk") as disk:
+        fake = FakeProc(tmp_path, tokens=400, word="w" * 999)  # 400 KB of reply text
+        d = Turnd(tmp_path, "disk", disk / "data", fake.base_url)
+        try:
+            d.start()
+            api = d.client()
+            skey = api.post("/api/conversations", json={}).json()["skey"]
+            filler = fill(disk, leave=150_000)
+            posted = api.post(
+                f"/api/conversations/{skey}/messages",
+                json={"parts": [{"$type": TEXT, "text": "hi"}], "generation": {}},
+            )
+            assert posted.status_code == 201, posted.text
+            reply = posted.json()["replyKey"]
+            with api.stream("GET", f"/api/conversations/{skey}/messages/{reply}/stream") as r:
+                events = parse_events(r.read().decode())
+            assert events[-1]["event"] == "status"
+            assert events[-1]["data"]["status"] == "error"
+            assert events[-1]["data"]["error"].startswith("could not store the reply: ")
+            health = api.get("/healthz")
+            assert health.status_code == 503 and health.json()["store"] is False
+
+            filler.unlink()
+            deadline = time.monotonic() + 30
+            while api.get("/healthz").status_code != 200:
+                assert time.monotonic() < deadline, "the store never came back in /healthz"
+                time.sleep(0.1)
+            stored = api.get(f"/api/conversations/{skey}").json()
+            value = next(m for m in stored["messages"] if m["key"] == reply)["value"]
+            assert value["status"] == "complete"
+        finally:
+            d.stop()
+            fake.stop()
