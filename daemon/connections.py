@@ -88,11 +88,37 @@ class GuardedH11(H11Protocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        self._parse_error = ""
+        self._next_event = self.conn.next_event
+        self.conn.next_event = self._noting_next_event  # type: ignore[method-assign]
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
         self._stream: _Finishable | None = None  # the SSE response's buffer, if any
         self._stuck_timer: asyncio.TimerHandle | None = None
         self._stuck_since: float | None = None  # blocked writes after the turn ended
+
+    def _noting_next_event(self) -> Any:
+        # uvicorn answers every parse error with the same plain 400; the reason is kept
+        # so that a request without a Host gets the JSON error SPEC §12 names.
+        try:
+            return self._next_event()
+        except h11.RemoteProtocolError as err:
+            self._parse_error = str(err)
+            raise
+
+    def send_400_response(self, msg: str) -> None:
+        if "Host" not in self._parse_error:
+            super().send_400_response(msg)
+            return
+        body = json.dumps({"error": "InvalidHost", "message": "the Host header is missing"})
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body.encode()
+        )
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
