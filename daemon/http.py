@@ -101,7 +101,9 @@ def create_app(service: Any) -> FastAPI:
     app.state.service = service
     app.include_router(conversations_api)  # §15: create, list, rename, delete, events
     app.include_router(api)
-    app.include_router(webui.router(service))  # /api/models, /api/render for the page
+    web = webui.router(service)  # /api/models, /api/render for the page
+    app.state.render_pool = web.render_pool  # type: ignore[attr-defined]
+    app.include_router(web)
     app.include_router(tools_http.router(service))  # /api/tools, approvals (SPEC §14)
     app.include_router(usage_api.router(service))  # /api/usage (SPEC §16)
     _add_ops_routes(app, service)

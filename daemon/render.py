@@ -4,49 +4,85 @@ markdown-it is pure Python and some inputs take it seconds (500,000 ``[`` took
 13 s): run on the event loop, that froze every other request. A thread would not
 freeze the loop, but it cannot be stopped, so a few such requests would keep the
 CPUs busy long after their callers gave up. The render therefore runs in worker
-processes (``anyio.to_process``): the loop only pickles the texts, and a render
-over the limit is ended by killing its worker (``cancellable=True``), which frees
-the CPU at once. At most :data:`WORKERS` renders run at a time; the others wait
-(without a clock running) for a free worker.
+processes (``python -m daemon.render_worker``, started with ``anyio.open_process``):
+the loop only sends the texts, and a render over the limit is ended by killing its
+worker, which frees the CPU at once. At most :data:`WORKERS` renders run at a time;
+the others wait, without their clock running, for a free worker. The workers import
+only markdown-it (anyio's own ``to_process`` would re-run the ``turnd`` script in
+each, importing the whole server: seconds of start-up and 50 MB each).
 """
 
 from __future__ import annotations
 
+import json
+import sys
+
 import anyio
-from anyio import to_process
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
 
-from daemon.markdown import render_many
-
-__all__ = ["MAX_RENDER_BYTES", "RENDER_SECONDS", "RenderTooComplex", "render_off_loop"]
+__all__ = ["MAX_RENDER_BYTES", "RENDER_SECONDS", "RenderPool", "RenderTooComplex"]
 
 MAX_RENDER_BYTES = 1_048_576  # text of one request, all texts together (UTF-8)
 RENDER_SECONDS = 2.0
-WORKERS = 2  # the worker processes' CPU is bounded by this many at once
-
-_turns = anyio.CapacityLimiter(WORKERS)
-# to_process's own limiter: never the one that makes a render wait, ours does that.
-_spawn = anyio.CapacityLimiter(WORKERS + 1)
+WORKERS = 2  # the workers' CPU is bounded by this many at once
 
 
 class RenderTooComplex(Exception):
     """The render did not finish within :data:`RENDER_SECONDS`."""
 
 
-def _ready() -> bool:
-    return True
+class _Worker:
+    def __init__(self, process: Process) -> None:
+        self.process = process
+        assert process.stdout is not None and process.stdin is not None
+        self._out = BufferedByteReceiveStream(process.stdout)
+
+    async def render(self, texts: list[str]) -> list[str]:
+        assert self.process.stdin is not None
+        body = json.dumps(texts).encode()
+        await self.process.stdin.send(len(body).to_bytes(8, "big") + body)
+        size = int.from_bytes(await self._out.receive_exactly(8), "big")
+        return list(json.loads(await self._out.receive_exactly(size)))
+
+    async def kill(self) -> None:
+        with anyio.CancelScope(shield=True):
+            self.process.kill()
+            await self.process.aclose()
 
 
-async def render_off_loop(texts: list[str]) -> list[str]:
-    """HTML for each text, rendered in a worker process within the time limit."""
-    if not texts:
-        return []
-    async with _turns:
-        # A worker that has to start first does so outside the clock: on a busy
-        # machine starting Python may itself take a second.
-        await to_process.run_sync(_ready, limiter=_spawn)
-        with anyio.move_on_after(RENDER_SECONDS) as scope:
-            return await to_process.run_sync(
-                render_many, texts, cancellable=True, limiter=_spawn
-            )
-    assert scope.cancelled_caught
-    raise RenderTooComplex(f"rendering took longer than {RENDER_SECONDS:g} s")
+class RenderPool:
+    """Up to :data:`WORKERS` render processes, started on first use, kept while idle."""
+
+    def __init__(self) -> None:
+        self._limiter = anyio.CapacityLimiter(WORKERS)
+        self._idle: list[_Worker] = []
+
+    async def render(self, texts: list[str]) -> list[str]:
+        """HTML for each text, within the time limit, or RenderTooComplex."""
+        if not texts:
+            return []
+        async with self._limiter:
+            # A worker that has to start first does so outside the clock.
+            worker = self._idle.pop() if self._idle else await self._start()
+            try:
+                with anyio.move_on_after(RENDER_SECONDS) as scope:
+                    html = await worker.render(texts)
+            except BaseException:
+                await worker.kill()
+                raise
+            if scope.cancelled_caught:
+                await worker.kill()  # the only way to stop a render: its process
+                raise RenderTooComplex(f"rendering took longer than {RENDER_SECONDS:g} s")
+            self._idle.append(worker)
+            return html
+
+    async def _start(self) -> _Worker:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "daemon.render_worker"], stderr=None
+        )
+        return _Worker(process)
+
+    async def aclose(self) -> None:
+        while self._idle:
+            await self._idle.pop().kill()

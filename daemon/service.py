@@ -252,8 +252,11 @@ class Service:
                     await self.store.create_space(account.did, SETTINGS, SETTINGS_SPACE)
             await self.engine.recover(a.did for a in self.accounts if a.did)
 
+            app = create_app(self)
+            # The render workers end with the service (daemon.render).
+            stack.push_async_callback(_close, app.state.render_pool.aclose)
             config = uvicorn.Config(
-                create_app(self),
+                app,
                 log_config=None,  # keep our handlers and formatters
                 access_log=False,  # one line per turn, not per request
                 lifespan="off",  # the Service owns start-up and shutdown, not the app

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from daemon.deps import AccountDep
 from daemon.markdown import render_markdown
-from daemon.render import MAX_RENDER_BYTES, RenderTooComplex, render_off_loop
+from daemon.render import MAX_RENDER_BYTES, RenderPool, RenderTooComplex
 
 __all__ = ["CSP", "render_markdown", "router", "static_files"]
 
@@ -64,6 +64,8 @@ class RenderBody(BaseModel):
 def router(service: Any) -> APIRouter:
     """The page's /api routes; each needs the same bearer token as the rest of /api."""
     api = APIRouter(prefix="/api", tags=["web"])
+    pool = RenderPool()
+    api.render_pool = pool  # type: ignore[attr-defined]  # closed by create_app's owner
 
     @api.get("/models")
     async def models(acct: AccountDep) -> dict[str, Any]:
@@ -77,7 +79,7 @@ def router(service: Any) -> APIRouter:
                 413, f"texts of {size} bytes in all; at most {MAX_RENDER_BYTES} bytes"
             )
         try:
-            return {"html": await render_off_loop(body.texts)}
+            return {"html": await pool.render(body.texts)}
         except RenderTooComplex as err:
             return JSONResponse({"error": "TooComplex", "message": str(err)}, status_code=422)
 

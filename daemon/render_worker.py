@@ -1,0 +1,40 @@
+"""The render worker process: ``python -m daemon.render_worker`` (see daemon.render).
+
+Reads requests from stdin and answers on stdout, each an 8-byte big-endian length
+and a JSON body: a list of Markdown texts in, a list of HTML strings out. It
+imports nothing of the server, so it starts in a fraction of a second, and it
+ends when its stdin closes (the daemon went away).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from daemon.markdown import render_many
+
+
+def _read(stream: object, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = stream.read(n - len(data))  # type: ignore[attr-defined]
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def main() -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        header = _read(stdin, 8)
+        if not header:
+            return 0
+        texts = json.loads(_read(stdin, int.from_bytes(header, "big")))
+        body = json.dumps(render_many(texts)).encode()
+        stdout.write(len(body).to_bytes(8, "big") + body)
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
