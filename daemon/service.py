@@ -115,7 +115,7 @@ class Service:
         self._saved_cursor: str | None = None
         self._since_save = 0
         # Loaded now, so a bad plugin name is a config error before anything starts.
-        self.plugins = _load_plugins(config.plugins)
+        self.plugins = load_plugins(config.plugins)
         self.events = EventHub()  # the page's live record events (SPEC §15, §17)
         self.tools: Any = None  # plugins.sources.ToolCatalog once running (SPEC §14)
         self.telemetry = _open_telemetry(config)  # likewise: a missing [otel] extra
@@ -437,11 +437,11 @@ async def _stop_telemetry(telemetry: Any) -> None:
         await anyio.to_thread.run_sync(telemetry.shutdown, abandon_on_cancel=True)
 
 
-def _load_plugins(names: list[str]) -> Any:
-    from plugins.loader import load_plugins
+def load_plugins(names: list[str]) -> Any:
+    from plugins.loader import load_plugins as load
 
     try:
-        return load_plugins(names)
+        return load(names)
     except Exception as err:  # noqa: BLE001 - whatever a plugin raises, name the key
         raise ConfigError(f"plugins.enabled: {str(err).splitlines()[0]}") from None
 

@@ -1,0 +1,93 @@
+"""``turnd check``: validate the config, then reach the store and each provider."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import anyio
+import httpx
+
+from daemon.config import (
+    ECHO,
+    Config,
+    ConfigError,
+    load_config,
+)
+from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, short
+from daemon.service import load_plugins
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        load_plugins(config.plugins)
+    except ConfigError as err:
+        return fail(f"config error: {err}", EXIT_CONFIG)
+    where = str(config.path) if config.path else "embedded defaults (no turnd.toml)"
+    print(f"ok    config    {where}")
+    results = anyio.run(_checks, config)
+    for ok, what, detail in results:
+        print(f"{'ok' if ok else 'FAIL':<5} {what:<9} {detail}")
+    return EXIT_OK if all(ok for ok, _, _ in results) else EXIT_FAIL
+
+
+async def _checks(config: Config) -> list[tuple[bool, str, str]]:
+    results = [await _check_store(config)]
+    for provider in config.providers.values():
+        results.append(await _check_provider(config, provider))
+    return results
+
+
+async def _check_store(config: Config) -> tuple[bool, str, str]:
+    try:
+        if config.store_kind == "local":
+            from recordstore.local import LocalStore
+
+            async with LocalStore.open(config.store_path):
+                pass
+            return True, "store", f"local {config.store_path}"
+        from atproto import AsyncClient
+
+        for account in config.accounts:
+            client = AsyncClient(base_url=config.store_service)
+            await client.login(account.handle, account.password, fetch_bsky_profile=False)
+        return True, "store", f"pds {config.store_service} ({len(config.accounts)} accounts)"
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        return False, "store", f"{config.store_kind}: {short(err, config.secrets())}"
+
+
+async def _check_provider(config: Config, provider: Any) -> tuple[bool, str, str]:
+    import openai
+
+    name = f"{provider.name} [{provider.label}]" if provider.label else provider.name
+    http_client = None
+    where = provider.base_url
+    if provider.name == ECHO:
+        # The echo is served by `turnd serve`; check the same code in-process so this
+        # works whether or not the daemon is running.
+        from fastapi import FastAPI
+
+        from daemon.echo import router
+
+        app = FastAPI()
+        app.include_router(router())
+        http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
+        where = f"{provider.base_url} (checked in-process)"
+    client = openai.AsyncOpenAI(
+        base_url=provider.base_url if provider.name != ECHO else "http://echo/echo/v1",
+        api_key=provider.api_key or "none",
+        max_retries=0,
+        timeout=10,
+        http_client=http_client,
+    )
+    try:
+        ids = [m.id async for m in client.models.list()]
+    except Exception as err:  # noqa: BLE001 - reported, not raised; the key is never shown
+        return False, "provider", f"{name} {where}: {short(err, config.secrets())}"
+    finally:
+        await client.close()
+    missing = [m for m in provider.models if m not in ids]
+    note = f"; not listed: {', '.join(missing)}" if missing else ""
+    count = f"{len(ids)} model" + ("" if len(ids) == 1 else "s")
+    return True, "provider", f"{name} {where}: {count}{note}"
