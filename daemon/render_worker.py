@@ -9,6 +9,7 @@ ends when its stdin closes (the daemon went away).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from daemon.markdown import render_many
@@ -25,6 +26,9 @@ def _read(stream: object, n: int) -> bytes:
 
 
 def main() -> int:
+    # Below the daemon's priority: a long render takes the CPU the server leaves, so
+    # other requests are not slowed by it (on a machine with few cores).
+    os.nice(10)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         header = _read(stdin, 8)
