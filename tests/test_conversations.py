@@ -372,3 +372,19 @@ async def test_a_store_without_the_page_ability_pages_the_same(tmp_path: Path) -
         ]
         found = await manage._scan(store, ALICE, 100, None, "RECIPE")
         assert sorted(t for _, t, _ in found) == ["Recipe 0"]
+
+
+async def test_delete_with_a_queued_turn_claims_nothing_and_leaves_no_request(
+    tmp_path: Path, fake_model: FakeModel
+) -> None:
+    async with running_daemon(tmp_path, fake_model, turns={"ratePerMinute": 1}) as dm:
+        skey = await dm.conversation(title="busy")
+        first = await dm.post(skey, "one", generation={})
+        await dm.final(skey, first["replyKey"])
+        queued = await dm.post(skey, "two", generation={}, parent=first["replyKey"])
+        assert queued["turn"] == "queued"
+        assert [r for r in await dm.service.state.requests() if r.skey == skey]
+        assert (await dm.http.delete(f"/api/conversations/{skey}")).status_code == 204
+        assert not [r for r in await dm.service.state.requests() if r.skey == skey]
+        await anyio.sleep(0.3)
+        assert not [k for k in await dm.store_keys() if k[0] == skey]  # no reply was claimed

@@ -291,6 +291,9 @@ class TurnEngine:
                 # A turn still loading enters the running set in a moment: look again.
                 with anyio.move_on_after(0.05):
                     await starts[0].finished.wait()
+        for request in await self._state.requests():  # stopped queued turns keep theirs
+            if request.did == did and request.skey == skey:
+                await self._state.drop_request(did, skey, request.user_key, request.attempt)
         deleted = await manage.delete(self._store, did, skey)
         await anyio.to_thread.run_sync(attachments.forget, self._cache_dir, deleted)
         return deleted
