@@ -3,7 +3,9 @@
 - ``testbed.fakemodel``: a fake OpenAI-compatible model server (real HTTP, real SSE);
   ``python -m testbed.fakemodel`` runs it as a process;
 - ``testbed.pds``: installs and starts the reference ``@atproto/pds`` (``tests/pds/``);
-- ``testbed.ports``: a free loopback port.
+- ``testbed.ports``: a free loopback port;
+- ``testbed.otlp``: an OTLP/HTTP trace receiver decoding the protobuf (the trace tests
+  and ``bench``'s OpenTelemetry figure).
 
 It is not part of the installed ``turnd`` package and imports nothing from ``tests`` (the
 pytest fixtures that wrap these live in ``tests/support/fixtures.py``), so ``bench/`` can

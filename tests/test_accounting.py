@@ -7,9 +7,10 @@ client against the fake model server, which fails, reports cached tokens or its 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import anyio
 import pytest
 
 from plugins import Plugin, PluginSet, Tool
@@ -20,6 +21,7 @@ from turns.accounting import Accounting
 from turns.pricing import Price
 from turns.quota import Quota
 from turns.settings import TurnSettings
+from turns.usage import usage_report
 
 pytestmark = pytest.mark.anyio
 
@@ -268,3 +270,46 @@ async def test_the_monthly_cost_quota_names_itself_and_its_reset(tmp_path, fake)
     assert "resets at 2027-01-01T00:00:00Z" in refused["error"]
     assert "tokensPerDay" not in refused["error"]
     assert january["status"] == "complete" and fake.request_count == 2
+
+
+async def test_title_and_summary_calls_are_usage_rows_like_any_step(tmp_path, fake):
+    from tests.test_context import long_conversation
+
+    def answer(body: Any) -> Reply | None:
+        if isinstance(body, dict) and not body.get("stream"):
+            system = body["messages"][0]["content"]
+            if "title" in system.lower():
+                return Reply.text("A title").with_usage(40, 3)
+            return Reply.text("SUMMARY").with_usage(900, 20)
+        return Reply.text(["answer"]).with_usage(500, 7)
+
+    fake.responder = answer
+    settings = TurnSettings(retries=0, summarize=True)
+    prices = {"fake:fake-model": Price(input=1.0, output=1.0)}
+    async with turn_kit(
+        tmp_path, fake, settings=settings, model_context={"fake-model": 4000}, titles=True,
+        accounting=Accounting(prices=prices),
+    ) as kit:
+        skey, last = await long_conversation(kit, 100)
+        posted = await kit.engine.post_message(
+            DID, skey, parent=last, parts=[text_part("q")], generation={}
+        )
+        assert (await kit.reply(skey, posted.reply_key))["status"] == "complete"
+        untitled = await kit.conversation()  # a title is asked for an untitled conversation
+        posted = await kit.engine.post_message(
+            DID, untitled, parent=None, parts=[text_part("q")], generation={}
+        )
+        assert (await kit.reply(untitled, posted.reply_key))["status"] == "complete"
+        with anyio.fail_after(10):  # the title is asked for after the reply's status
+            while not any(r.kind == "title" for r in await kit.state.usage_rows(DID)):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        rows = await kit.state.usage_rows(DID)
+        usage = await usage_report(kit.state, DID, date(2000, 1, 1), date(2100, 1, 1), "total")
+    kinds = {r.kind: (r.input_tokens, r.output_tokens, r.cost) for r in rows}
+    assert kinds["summary"][:2] == (900, 20) and kinds["title"][:2] == (40, 3)
+    assert [r[:2] for k, r in kinds.items() if k == "turn"] == [(500, 7)]
+    assert kinds["title"][2] == pytest.approx(43 / 1e6)
+    [total] = usage["rows"]
+    assert total["turns"] == 2 and total["steps"] == 4  # two steps, the summary, the title
+    assert total["inputTokens"] == 500 * 2 + 900 + 40
+    assert total["cost"] == pytest.approx((507 * 2 + 920 + 43) / 1e6)
