@@ -141,6 +141,8 @@ class TurndProc:
 
     providers: dict[str, str]
     rate_per_minute: int = 1_000_000
+    # TOML appended to the config (more tables: prices, a quota, [otel]).
+    extra: str = ""
     # The command that runs turnd (default: ``turnd``); e.g. a profiler in front of it.
     command: list[str] | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -182,7 +184,7 @@ class TurndProc:
                       'api_key_env = "BENCH_PROVIDER_KEY"', ""]
         lines += ["[accounts.bench]", f'handle = "{HANDLE}"', f'did = "{DID}"',
                   'password_env = "BENCH_PASSWORD"', 'token_env = "BENCH_TOKEN"', ""]
-        return "\n".join(lines)
+        return "\n".join(lines) + ("\n" + self.extra if self.extra else "")
 
     def __enter__(self) -> TurndProc:
         self._tmpdir = tempfile.TemporaryDirectory(prefix="turnd-bench-")

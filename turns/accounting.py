@@ -20,7 +20,7 @@ from turns.models import Clients, ModelResolutionError, parse_model
 from turns.pricing import Price
 from turns.quota import Clock, LocalQuotaCounter, Quota, QuotaCounter, QuotaGate, utc_now
 from turns.settings import Provider
-from turns.state import StateDB
+from turns.state import StateDB, UsageRow
 from turns.steps import Candidate, StepCaller
 from turns.streams import StreamBuffer
 from turns.telemetry import Telemetry, TurnTrace
@@ -102,6 +102,7 @@ class TurnAccount:
         self.trace: TurnTrace = books.telemetry.turn(skey, reply, model)
         self._caller: StepCaller | None = None
         self.summaries: Any = None  # turns.summaries.BranchSummaries of this turn, if any
+        self._rows: list[UsageRow] = []
 
     async def check_quota(self) -> None:
         """Raises QuotaExceeded (a TurnFailed) before any model is called."""
@@ -131,11 +132,15 @@ class TurnAccount:
         self, index: int, ref: dict[str, str], usage: Usage, started: float, duration: float,
         outcome: str,
     ) -> float | None:
+        # Kept until the turn's status is out (save_rows): no state-file write between a
+        # tool call and the next step, none before the final record.
         ledger = self._books.ledger
-        return await ledger.record_call(
+        row = ledger.row(
             self._did, self._skey, self._reply, ref, usage, step=index,
             started=ledger.now() - duration, duration=duration, outcome=outcome,
         )
+        self._rows.append(row)
+        return row.cost
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -161,13 +166,16 @@ class TurnAccount:
     def end(self, record: Mapping[str, Any]) -> None:
         self.trace.end(record, self.cost)
 
-    async def record_summaries(self) -> None:
-        """The summary calls this turn's context window made, as ``summary`` rows."""
+    async def save_rows(self) -> None:
+        """The turn's usage rows, its summary calls' among them, stored in one write."""
+        rows, self._rows = self._rows, []
         summaries, self.summaries = self.summaries, None
-        if summaries is None:
-            return
-        calls, summaries.usage[:] = list(summaries.usage), []
-        for usage in calls:
-            await self._books.record_side_call(
-                self._did, self._skey, "summary", summaries.model, usage, reply=self._reply
-            )
+        if summaries is not None:
+            calls, summaries.usage[:] = list(summaries.usage), []
+            for usage in calls:
+                counted = Usage()
+                counted.add(usage)
+                rows.append(self._books.ledger.row(
+                    self._did, self._skey, self._reply, summaries.model, counted, kind="summary"
+                ))
+        await self._books.ledger.save(rows)

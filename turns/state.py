@@ -10,6 +10,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,17 +206,23 @@ class StateDB:
 
     # -- usage (SPEC §16) -------------------------------------------------------------
 
-    async def add_usage(self, row: UsageRow) -> None:
-        await self._run(
-            "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
-            " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
-            " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    async def add_usage(self, rows: Sequence[UsageRow]) -> None:
+        """A turn's rows in one statement (written once the turn's status is out)."""
+        values = [
             (
                 row.did, row.skey, row.reply_key, row.kind, row.step, row.provider, row.model,
                 row.input_tokens, row.output_tokens, row.reasoning_tokens, row.cached_tokens,
                 row.cost, row.started_at, row.duration_ms, row.outcome,
-            ),
-        )
+            )
+            for row in rows
+        ]
+        async with self._lock:
+            await self._db.executemany(
+                "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
+                " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
+                " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
 
     async def usage_rows(self, did: str) -> list[UsageRow]:
         """Every usage row of an account, oldest first (tests, exports)."""

@@ -439,9 +439,11 @@ class Turn:
             self.buffer.publish(
                 "status", account.status_fields(status_event, self.usage, parts.first_delta_at)
             )
+            # The rows are stored after the status is out and before the stream ends, so a
+            # client that saw the end and asks again finds its usage counted.
+            await account.save_rows()
             self.buffer.close()
             account.end(record)
-            await account.record_summaries()
             ttft = parts.first_delta_at - started if parts.first_delta_at is not None else None
             self._observe(record, ttft, time.monotonic() - started)
             if not written:

@@ -9,7 +9,7 @@ numbers. A row holds numbers and references only, never content.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -57,7 +57,7 @@ class UsageLedger:
         """Unix seconds by the ledger's clock (injectable: the quota tests move it)."""
         return self.clock().timestamp()
 
-    async def record_call(
+    def row(
         self,
         did: str,
         skey: str,
@@ -70,15 +70,9 @@ class UsageLedger:
         started: float | None = None,
         duration: float = 0.0,
         outcome: str = "ok",
-    ) -> float | None:
-        """Record one model call; returns its cost in USD when known.
-
-        ``started`` is unix seconds by :meth:`now` (default: now); ``duration`` seconds.
-        Titles and summaries call this with ``kind="title"`` / ``"summary"`` and the
-        reply key they were made for, so they count like any step.
-        """
-        cost = self.cost(ref, usage)
-        row = UsageRow(
+    ) -> UsageRow:
+        """One model call as a row, its cost computed; :meth:`save` stores it."""
+        return UsageRow(
             did=did,
             skey=skey,
             reply_key=reply_key,
@@ -90,31 +84,57 @@ class UsageLedger:
             output_tokens=usage.output,
             reasoning_tokens=usage.reasoning,
             cached_tokens=usage.cached,
-            cost=cost,
+            cost=self.cost(ref, usage),
             started_at=self.now() if started is None else started,
             duration_ms=round(duration * 1000, 3),
             outcome=outcome,
         )
+
+    async def save(self, rows: Sequence[UsageRow]) -> None:
+        """Store rows in one transaction and count them in /metrics and the quota counter."""
+        if not rows:
+            return
         try:
-            await self._state.add_usage(row)
+            await self._state.add_usage(rows)
         except Exception as exc:  # noqa: BLE001 - accounting must never fail a turn
-            log.error("could not record the usage of %s/%s: %s", skey, reply_key, exc)
-        label = model_key(ref)
+            log.error("could not record the usage of %s/%s: %s", rows[0].skey, rows[0].reply_key, exc)
         tokens = self._metrics.tokens
-        for kind_label, n in (
-            ("input", usage.input),
-            ("output", usage.output),
-            ("reasoning", usage.reasoning),
-            ("cached", usage.cached),
-        ):
-            if n:
-                tokens.labels(label, kind_label).inc(n)
-        if cost:
-            self._metrics.cost.labels(label).inc(cost)
-        if self.counter is not None and (usage.input or usage.output or cost):
-            at = datetime.fromtimestamp(row.started_at, UTC)
-            await self.counter.add(did, at, usage.input + usage.output, cost or 0.0)
-        return cost
+        for row in rows:
+            label = f"{row.provider}:{row.model}"
+            for kind_label, n in (
+                ("input", row.input_tokens),
+                ("output", row.output_tokens),
+                ("reasoning", row.reasoning_tokens),
+                ("cached", row.cached_tokens),
+            ):
+                if n:
+                    tokens.labels(label, kind_label).inc(n)
+            if row.cost:
+                self._metrics.cost.labels(label).inc(row.cost)
+            if self.counter is not None and (row.input_tokens or row.output_tokens or row.cost):
+                at = datetime.fromtimestamp(row.started_at, UTC)
+                await self.counter.add(
+                    row.did, at, row.input_tokens + row.output_tokens, row.cost or 0.0
+                )
+
+    async def record_call(
+        self,
+        did: str,
+        skey: str,
+        reply_key: str,
+        ref: Mapping[str, str],
+        usage: Usage,
+        **fields: Any,
+    ) -> float | None:
+        """Record one model call now; returns its cost in USD when known.
+
+        ``fields`` are :meth:`row`'s (``step``, ``kind``, ``started`` in unix seconds by
+        :meth:`now`, ``duration`` in seconds, ``outcome``). Titles and summaries call this
+        with ``kind="title"`` / ``"summary"``, so they count like any step.
+        """
+        row = self.row(did, skey, reply_key, ref, usage, **fields)
+        await self.save([row])
+        return row.cost
 
 
 # -- reports (GET /api/usage, turnd usage) ---------------------------------------------------
