@@ -28,14 +28,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"ok    config    {where}")
     results = anyio.run(_checks, config)
     for ok, what, detail in results:
-        print(f"{'ok' if ok else 'FAIL':<5} {what:<9} {detail}")
+        label = ok if isinstance(ok, str) else "ok" if ok else "FAIL"
+        print(f"{label:<5} {what:<9} {detail}")
+    # A degraded tool source is reported, not failed: turnd serve runs without it (SPEC §14).
     return EXIT_OK if all(ok for ok, _, _ in results) else EXIT_FAIL
 
 
-async def _checks(config: Config) -> list[tuple[bool, str, str]]:
-    results = [await _check_store(config)]
+async def _checks(config: Config) -> list[tuple[bool | str, str, str]]:
+    results: list[tuple[bool | str, str, str]] = [await _check_store(config)]
     for provider in config.providers.values():
         results.append(await _check_provider(config, provider))
+    from daemon.tools_check import check_tools
+
+    results += await check_tools(config)
     return results
 
 

@@ -55,7 +55,11 @@ def parse_tools(
             table = _ToolTable.model_validate(dict(raw))
         except ValidationError as err:
             first = err.errors()[0]
-            key = ".".join(str(p) for p in first["loc"])
+            key = str(first["loc"][0]) if first["loc"] else "?"  # not a union member's tag
+            if key == "approval":
+                raise ValueError(
+                    f'{where}.approval: must be "never", "always" or a list of tool names'
+                ) from None
             if first["type"] == "extra_forbidden":
                 raise ValueError(f"{where}.{key}: unknown key") from None
             if first["type"] == "missing":

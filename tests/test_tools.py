@@ -209,6 +209,8 @@ async def test_an_http_tool_gets_the_seed_request_and_its_answer_is_the_result(
             ToolCall("nowhere", {"city": "Atlantis"}, id="call_f"),
             ToolCall("garbled", {}, id="call_g"),
             ToolCall("broken", {}, id="call_b"),
+            ToolCall("weather", '{"city": "Par', id="call_j"),  # not valid JSON
+            ToolCall("not_offered", {}, id="call_n"),
         ]),
         Reply.text("ok"),
     )
@@ -227,7 +229,11 @@ async def test_an_http_tool_gets_the_seed_request_and_its_answer_is_the_result(
         )
         final = await d.final(skey, posted["replyKey"], wait=20)
         assert final["status"] == "complete", final
-        weather, nowhere, garbled, broken = _parts(final, TOOL_RESULT)
+        weather, nowhere, garbled, broken, bad_json, not_offered = _parts(final, TOOL_RESULT)
+        # Arguments that are not JSON, or a tool that was not offered: an error the model reads.
+        assert bad_json["isError"] is True and "not valid JSON" in bad_json["output"]
+        assert (not_offered["output"], not_offered["isError"]) == ("unknown tool 'not_offered'", True)
+        assert len(http_tools.requests) == 4
         assert json.loads(weather["output"]) == {"city": "Paris", "sky": "clear", "celsius": 21}
         assert not weather.get("isError")
         assert (nowhere["output"], nowhere["isError"]) == ("no such city", True)
@@ -600,3 +606,80 @@ def test_a_restart_during_an_approval_wait_marks_the_reply_interrupted(
             assert http_tools.requests == []
         finally:
             daemon.stop()
+
+
+# -- config and turnd check ---------------------------------------------------------------
+
+TURND = str(Path(sys.executable).parent / "turnd")
+
+
+def _config_file(tmp_path: Path, tools_toml: str) -> Path:
+    path = tmp_path / "turnd.toml"
+    path.write_text(
+        f'[store]\nkind = "local"\npath = "{tmp_path / "data"}"\n\n'
+        '[http]\nlisten = "127.0.0.1:0"\n\n' + tools_toml
+    )
+    return path
+
+
+def _turnd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TURND, *args], capture_output=True, text=True, timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('[tools.time]\nkind = "mcp"\ncommand = "mcp-server-tme"\n',
+         "tools.time.command: 'mcp-server-tme' is not an executable on PATH"),
+        ('[tools.time]\nkind = "mcp"\n', "tools.time.command: an MCP source has either command (stdio) or url (HTTP)"),
+        ('[tools.time]\nkind = "mcp"\ncommand = "sh"\nenv_from = { API_KEY = "NO_SUCH_VAR_X" }\n',
+         "tools.time.env_from.API_KEY: environment variable NO_SUCH_VAR_X is not set"),
+        ('[tools.time]\nkind = "mcp"\ncommand = "sh"\napproval = "sometimes"\n', "tools.time.approval: "),
+        ('[tools.time]\nkind = "mcp"\ncommand = "sh"\ncomand = "x"\n', "tools.time.comand: unknown key"),
+        ('[tools.weather]\nkind = "http"\n', "tools.weather.url: required for an http tool"),
+        ('[tools.weather]\nkind = "http"\nurl = "ftp://x"\n', "tools.weather.url: must be an http(s) URL"),
+        ('[tools.weather]\nkind = "http"\nurl = "http://x"\ntimeoutSeconds = 0\n', "tools.weather.timeoutSeconds: "),
+        ('[tools."bad name"]\nkind = "http"\nurl = "http://x"\n', 'tools.bad name: a tool source\'s name is'),
+        ('[tools.x]\nkind = "grpc"\n', "tools.x.kind: "),
+    ],
+)
+def test_a_bad_tool_source_is_a_config_error_naming_the_key(table: str, message: str) -> None:
+    import tomllib
+
+    from daemon.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError) as info:
+        build_config(tomllib.loads(table), env=dict(os.environ), path=None, base_dir=HERE)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_bad_tool_source_stops_serve_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    table = '[tools.time]\nkind = "mcp"\ncommand = "mcp-server-tme"\n'
+    done = _turnd("serve", "--config", str(_config_file(tmp_path, table)))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "turnd: config error: tools.time.command: 'mcp-server-tme' is not an executable on PATH"
+    ]
+
+
+def test_turnd_check_reports_each_tool_source(tmp_path: Path, http_tools: HttpToolServer) -> None:
+    never = f'"{sys.executable}"'
+    toml = (
+        f'[tools.time]\nkind = "mcp"\ncommand = "{TIME_SERVER}"\n\n'
+        f'[tools.never]\nkind = "mcp"\ncommand = {never}\nargs = ["-c", "import sys; sys.exit(3)"]\n\n'
+        f'[tools.weather]\nkind = "http"\nurl = "{http_tools.url("/weather")}"\n'
+        'headers_from = { Authorization = "T_WEATHER_AUTH" }\n'
+    )
+    done = _turnd("check", "--config", str(_config_file(tmp_path, toml)),
+                  env={"T_WEATHER_AUTH": "Bearer weather-secret-123"})
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr  # a degraded source is shown, not failed
+    lines = {line.split()[2].rstrip(":"): line for line in out.splitlines() if " tools " in line}
+    assert lines["time"].startswith("ok") and lines["time"].endswith("time: mcp over stdio, 2 tools")
+    assert lines["never"].startswith("degraded tools     never: mcp over stdio: ")
+    assert lines["weather"].startswith("ok") and "1 tool" in lines["weather"]
+    assert "weather-secret-123" not in out + done.stderr
