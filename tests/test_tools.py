@@ -21,6 +21,7 @@ import anyio
 import httpx
 import pytest
 
+import plugins.sources.mcp  # noqa: F401 - the SDK's import (seconds on a busy machine) is paid here, not in a daemon's start-up deadline
 from tests.daemon_fixtures import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
 from tests.fakemodel import FakeModel, Reply, ToolCall
 from tests.http_tool_server import HttpToolServer

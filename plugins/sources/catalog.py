@@ -32,6 +32,7 @@ class Source(Protocol):
     state: str
     error: str | None
     lazy: bool
+    stopping: bool
     tools: dict[str, Tool]
 
     async def run(self) -> None: ...
@@ -62,11 +63,16 @@ class ToolCatalog:
     async def __aenter__(self) -> ToolCatalog:
         async with AsyncExitStack() as stack:
             tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)  # the supervisors run until the daemon stops
+            stack.callback(self._stop, tg)  # the supervisors run until the daemon stops
             for source in self.sources.values():
                 tg.start_soon(source.run, name=f"tool source {source.name}")
             self._stack = stack.pop_all()
         return self
+
+    def _stop(self, tg: anyio.abc.TaskGroup) -> None:
+        for source in self.sources.values():
+            source.stopping = True
+        tg.cancel_scope.cancel()
 
     async def __aexit__(self, *exc: object) -> None:
         if self._stack is not None:

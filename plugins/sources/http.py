@@ -26,6 +26,7 @@ class HttpToolSource:
     state = "connected"  # nothing to connect: each call is one request
     error: str | None = None
     lazy = False
+    stopping = False
 
     def __init__(self, spec: HttpToolSpec, taken: set[str]) -> None:
         self.spec = spec

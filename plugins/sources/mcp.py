@@ -68,6 +68,7 @@ class McpSource:
         self._changed = anyio.Event()  # tools/list_changed arrived
         self._logged_at = -math.inf
         self._up = False  # the current session got connected
+        self.stopping = False  # set by the catalog when the daemon stops
 
     @property
     def transport(self) -> str:
@@ -137,11 +138,12 @@ class McpSource:
                 env={**get_default_environment(), **spec.env},
                 cwd=spec.cwd,
             )
-            return _watched(stdio_client(params), lost)
+            return _watched(stdio_client(params), lambda: self._lose(lost, "the server exited"))
         http = httpx2.AsyncClient(
             headers=spec.headers, timeout=httpx2.Timeout(30, read=300), follow_redirects=False
         )
-        return _watched(_owning(http, streamable_http_client(spec.url, http_client=http)), lost)
+        transport = _owning(http, streamable_http_client(spec.url, http_client=http))
+        return _watched(transport, lambda: self._lose(lost, "the connection closed"))
 
     async def _message(self, message: Any) -> None:
         # Handshake-era servers announce changes as notifications on the session.
@@ -250,7 +252,8 @@ class McpSource:
         """A call found the connection gone: say so now (the supervisor reconnects)."""
         if not lost.is_set():
             lost.set()
-            self._degrade(reason)
+            if not self.stopping:  # the daemon stopping closes every server: no news
+                self._degrade(reason)
 
     def health(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -321,16 +324,16 @@ async def _owning(http: httpx2.AsyncClient, transport: Any) -> AsyncIterator[Any
 
 
 @asynccontextmanager
-async def _watched(transport: Any, lost: anyio.Event) -> AsyncIterator[Any]:
-    """The transport's streams, with ``lost`` set when the server's side ends (a stdio
+async def _watched(transport: Any, lost: Callable[[], None]) -> AsyncIterator[Any]:
+    """The transport's streams, calling ``lost`` when the server's side ends (a stdio
     server that exits closes its stdout): the supervisor then starts it again."""
     async with transport as (read, write):
         yield _WatchedRead(read, lost), write
-    lost.set()
+    lost()
 
 
 class _WatchedRead:
-    def __init__(self, inner: Any, lost: anyio.Event) -> None:
+    def __init__(self, inner: Any, lost: Callable[[], None]) -> None:
         self._inner = inner
         self._lost = lost
 
@@ -341,7 +344,7 @@ class _WatchedRead:
         try:
             return await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._lost.set()
+            self._lost()
             raise
 
     def __aiter__(self) -> _WatchedRead:
