@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 import plugins.sources.mcp  # noqa: F401 - the SDK's import (seconds on a busy machine) is paid here, not in a daemon's start-up deadline
-from tests.daemon_fixtures import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
+from tests.support.daemon import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
 from tests.fakemodel import FakeModel, Reply, ToolCall
 from tests.http_tool_server import HttpToolServer
 
@@ -501,7 +501,7 @@ async def _write_approval(
 async def test_approval_by_a_direct_write_record_of_the_owner_only(
     tmp_path: Path, fake: FakeModel, everything: str
 ) -> None:
-    from tests.daemon_fixtures import ALICE_PASSWORD, BOB_PASSWORD
+    from tests.support.daemon import ALICE_PASSWORD, BOB_PASSWORD
 
     fake.push(
         Reply.tool_calls([ToolCall("everything_echo", {"message": "approved by record"}, id="e1")]),
