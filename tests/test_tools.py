@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 import plugins.sources.mcp  # noqa: F401 - the SDK's import (seconds on a busy machine) is paid here, not in a daemon's start-up deadline
-from tests.support.daemon import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
 from tests.fakemodel import FakeModel, Reply, ToolCall
 from tests.http_tool_server import HttpToolServer
+from tests.support.daemon import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
 
 HERE = Path(__file__).resolve().parent
 TOOL_CALL = "network.sharedcomputer.chat.defs#toolCallPart"
