@@ -29,6 +29,7 @@ import aiosqlite
 import anyio
 
 from recordstore import (
+    CONVERSATION_REF,
     BlobNotFound,
     Change,
     InvalidRecord,
@@ -92,6 +93,15 @@ _SCHEMA = [
         VALUES (old.did, old.space, old.collection, old.key, 'delete', NULL, NULL); END""",
 ]
 
+# Pages read newest first (recordstore.abilities.NewestFirst): (collection, field) -> an
+# index over that field of that collection's records only, so other writes never pay for it.
+_NEWEST_INDEXES = {(CONVERSATION_REF, "updatedAt"): "records_conversation_ref_updated"}
+_INDEXES = [
+    f"CREATE INDEX IF NOT EXISTS {name} ON records"
+    f" (did, space, json_extract(value, '$.{field}'), key) WHERE collection = '{collection}'"
+    for (collection, field), name in _NEWEST_INDEXES.items()
+]
+
 _RECORD_COLS = "did, space, collection, key, cid, value"
 _OP_COLS = "id, did, space, collection, key, op, cid, value"
 
@@ -136,6 +146,8 @@ class LocalStore(RecordStore):
         writer = await _connect(db_path)
         try:
             await _prepare_schema(writer, db_path)
+            for statement in _INDEXES:  # also for stores made before they existed
+                await writer.execute(statement)
             reader = await _connect(db_path)
         except BaseException:
             await writer.close()
@@ -444,9 +456,19 @@ class LocalStore(RecordStore):
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", name):
                 raise ValueError(f"not a top-level field name: {name!r}")
         columns = "".join(f", json_extract(value, '$.{name}')" for name in fields)
-        ordering = f"coalesce(json_extract(value, '$.{order}'), '')"
-        sql = f"SELECT key{columns} FROM records WHERE did = ? AND space = ? AND collection = ?"
-        params: list[Any] = [did, space, collection]
+        if (collection, order) in _NEWEST_INDEXES:
+            # Word for word the index's expression and condition, so SQLite walks the
+            # index and stops after `limit` rows instead of sorting the collection.
+            ordering = f"json_extract(value, '$.{order}')"
+            sql = (
+                f"SELECT key{columns} FROM records WHERE did = ? AND space = ?"
+                f" AND collection = '{collection}'"
+            )
+            params: list[Any] = [did, space]
+        else:
+            ordering = f"coalesce(json_extract(value, '$.{order}'), '')"
+            sql = f"SELECT key{columns} FROM records WHERE did = ? AND space = ? AND collection = ?"
+            params = [did, space, collection]
         if before is not None:
             sql += f" AND ({ordering}, key) < (?, ?)"
             params += list(before)
