@@ -67,7 +67,8 @@ class PdsTurnd(Turnd):
     did: str = ""
 
     def write_config(self) -> None:
-        settings = {"retries": 0, "ratePerMinute": 100_000, **self.turns}
+        # No generated titles: they are model requests these counts do not expect.
+        settings = {"retries": 0, "ratePerMinute": 100_000, "titleModel": "", **self.turns}
         lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
         self.config.write_text(
             f"""

@@ -125,6 +125,7 @@ default = "fake:fake-model"
 [turns]
 ratePerMinute = {rate}
 retries = 0
+titleModel = ""
 [providers.fake]
 base_url = "{fake.base_url}"
 api_key_env = "FAKE_KEY"

@@ -73,7 +73,8 @@ def write_config(
     turns: dict[str, Any] | None = None,
     extra: str = "",
 ) -> Path:
-    settings = {"retries": 0, "ratePerMinute": 100_000, **(turns or {})}
+    # No generated titles: they are model requests these counts do not expect.
+    settings = {"retries": 0, "ratePerMinute": 100_000, "titleModel": "", **(turns or {})}
     lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
     path.write_text(
         f"""
