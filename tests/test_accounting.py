@@ -74,9 +74,8 @@ async def test_retries_of_the_client_are_visible_as_retry_events(tmp_path, fake)
         {"step": 0, "attempt": 1, "reason": "429 Too Many Requests", "waitSeconds": 0.2},
         {"step": 0, "attempt": 2, "reason": "503 Service Unavailable", "waitSeconds": 0.1},
     ]
-    # The SDK's policy, unchanged: each retry waited what Retry-After said.
-    times = [r.time for r in fake.chat_requests]
-    assert times[1] - times[0] >= 0.19 and times[2] - times[1] >= 0.09
+    # The SDK's policy, unchanged: each retry waits what Retry-After said, as the events
+    # above report. How long it really waited is a timing, never asserted in tests.
 
 
 async def test_a_model_failing_before_its_first_token_falls_back_in_order(tmp_path, fake):

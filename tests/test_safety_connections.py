@@ -199,6 +199,9 @@ def test_idle_sockets_under_a_low_fd_limit(tmp_path: Path, fake_model: FakeModel
             for line in err.read_text(errors="replace").splitlines()
             if "accept" in line.lower()
         ]
+        # Loose on purpose, and not a speed claim: the daemon logs accept() errors at most
+        # once per 10 s, so the bound on lines grows with the time that passed; a slow
+        # machine only allows more. (The throttle's clock lives in the turnd process.)
         assert len(lines) <= 2 + elapsed / 10, lines[:5]
     finally:
         for s in socks:
