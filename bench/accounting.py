@@ -11,7 +11,9 @@ bare ``openai`` client's own first token from the same fake model) of three
 - ``accounting``: prices for the model and a quota on the account, so each turn also
   reads its account's usage (one state-file query) between the claim and the model call;
 - ``otel``: the same, plus ``[otel] endpoint`` exporting every span to a real OTLP/HTTP
-  receiver (``testbed.otlp``) in this process.
+  receiver (``testbed.otlp``) in this process;
+- ``otel_dead``: the same, with the endpoint a port nothing listens on (every export
+  fails and is retried by the exporter's thread: a turn must not notice).
 
 Medians of each run's p50; the table gives the median over runs with min and max.
 """
@@ -29,6 +31,7 @@ import anyio
 from bench import client as c
 from bench.procs import FakeModelProc, TurndProc
 from testbed.otlp import OtlpReceiver
+from testbed.ports import free_port
 
 PRICES = '[providers.fake.model."fake-model"]\ninputPrice = 2.5\noutputPrice = 10.0\n'
 QUOTA = "[accounts.bench.quota]\ntokensPerDay = 1000000000000\ncostPerMonth = 1000000.0\n"
@@ -39,15 +42,17 @@ def _otel(endpoint: str) -> str:
 
 
 async def measure(runs: int, samples: int, log: Any) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"off": [], "accounting": [], "otel": []}
+    out: dict[str, list[float]] = {"off": [], "accounting": [], "otel": [], "otel_dead": []}
+    dead = f"http://127.0.0.1:{free_port()}"
     with (
         FakeModelProc(tokens=50, ttft_ms=20) as fake,
         OtlpReceiver() as receiver,
         TurndProc({"fake": fake.base_url}) as off,
         TurndProc({"fake": fake.base_url}, extra=PRICES + QUOTA) as acct,
         TurndProc({"fake": fake.base_url}, extra=PRICES + QUOTA + _otel(receiver.url)) as otel,
+        TurndProc({"fake": fake.base_url}, extra=PRICES + QUOTA + _otel(dead)) as otel_dead,
     ):
-        procs = {"off": off, "accounting": acct, "otel": otel}
+        procs = {"off": off, "accounting": acct, "otel": otel, "otel_dead": otel_dead}
         clients = {k: c.api_client(p.base_url, p.token) for k, p in procs.items()}
         async with c.bare_client(fake.base_url) as bare:
             try:
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = anyio.run(measure, args.runs, args.samples, log)
     med = {k: statistics.median(v) for k, v in figures.items() if k != "spans_received"}
     rows = [("ttft_overhead_ms_p50", "median", "min", "max", "vs off")]
-    for name in ("off", "accounting", "otel"):
+    for name in ("off", "accounting", "otel", "otel_dead"):
         v = figures[name]
         rows.append((name, f"{med[name]:.2f}", f"{min(v):.2f}", f"{max(v):.2f}",
                      "" if name == "off" else f"{med[name] - med['off']:+.2f}"))
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     if args.json:
-        print(json.dumps({"ttft_overhead_ms_p50": med, "runs": figures}))
+        print(json.dumps({"ttft_overhead_ms_p50": med, "runs": figures}, separators=(",", ":")))
     return 0
 
 

@@ -58,3 +58,15 @@ def test_percentile_and_summary() -> None:
     assert pct([1.0, 2.0, 3.0, 4.0], 99) == 4.0
     s = summarize([{"a": 1.0}, {"a": 3.0}, {"a": 2.0}])
     assert s["a"]["median"] == 2.0 and s["a"]["min"] == 1.0 and s["a"]["max"] == 3.0
+
+
+def test_bench_accounting_smoke_reports_each_setup() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.accounting", "--runs", "1", "--samples", "2", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result["ttft_overhead_ms_p50"]) == {"off", "accounting", "otel", "otel_dead"}
+    assert all(math.isfinite(v) for v in result["ttft_overhead_ms_p50"].values())
+    assert result["runs"]["spans_received"][0] > 0  # the exporting daemon's spans arrived
