@@ -46,6 +46,8 @@ listen = "{listen}"
 
 [models]
 default = "{default_model}"   # provider:id, the last resort of model resolution
+# [models.fallbacks]           # tried in order when a model fails before its first token
+# "openai:gpt-4o" = ["openrouter:openai/gpt-4o"]
 
 [turns]                        # the seed's admin settings; edits apply to the next turn
 ratePerMinute = 10
@@ -67,9 +69,14 @@ password_env = "{password_env}"   # local store: the password createSession chec
 token_env = "{token_env}"         # the bearer token for /api routes
 # did = "did:plc:..."                # pds: the account's DID (else resolved from the handle)
 # maxStorageBytes = 1073741824       # cap on this account's blobs (413 beyond); default none
+# quota = {{ tokensPerDay = 200000, costPerMonth = 5.0 }}   # UTC days and months
 
 [plugins]
 enabled = []                   # e.g. ["clock"]; no tool is on unless named here
+
+# [otel]                       # OpenTelemetry traces over OTLP/HTTP (pip install 'turnd[otel]')
+# endpoint = "http://127.0.0.1:4318"
+# capture_content = false      # true: messages and tool input/output in the spans
 """
 
 PROVIDER_BLOCK = """
@@ -83,6 +90,9 @@ COMMENTED_PROVIDER = """
 # base_url = "https://api.openai.com/v1"
 # api_key_env = "OPENAI_API_KEY"
 # models = ["gpt-4o-mini"]
+# [providers.openai.model."gpt-4o-mini"]   # USD per million tokens, for /api/usage and quotas
+# inputPrice = 0.15
+# outputPrice = 0.6
 """
 
 

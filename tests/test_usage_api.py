@@ -100,6 +100,8 @@ async def test_usage_sums_equal_the_tokens_the_model_reported(tmp_path: Path) ->
 
             past = (await dm.http.get("/api/usage?from=2020-01-01&to=2020-01-31")).json()
             assert past["rows"] == [] and past["from"] == "2020-01-01"
+            ends = (await dm.http.get("/api/usage?from=0001-01-01&to=9999-12-31")).json()
+            assert [r["inputTokens"] for r in ends["rows"]] == [407]  # all of time, no overflow
 
             metrics = (await dm.http.get("/metrics")).text
             assert 'turnd_tokens_total{kind="input",model="fake:fake-model"} 400.0' in metrics

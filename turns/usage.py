@@ -187,9 +187,8 @@ async def usage_report(
     """SPEC §16's ``GET /api/usage`` answer: UTC days ``first``..``last`` inclusive."""
     if last < first:
         raise BadDate(f"to: {last.isoformat()} is before from: {first.isoformat()}")
-    rows = await state.usage_sums(
-        did, day_start(first), day_start(last + timedelta(days=1)), group
-    )
+    # The end of `last` without date arithmetic: 9999-12-31 has no next day.
+    rows = await state.usage_sums(did, day_start(first), day_start(last) + 86400, group)
     out: dict[str, Any] = {
         "from": first.isoformat(),
         "to": last.isoformat(),
