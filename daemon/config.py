@@ -36,8 +36,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from daemon.dids import account_did, legacy_did
+from turns.limits import Quota
 from turns.pricing import Price, check_price, price_from_table
-from turns.quota import Quota
 from turns.settings import Provider, TurnSettings
 from turns.telemetry import OtelSettings
 

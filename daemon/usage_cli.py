@@ -10,12 +10,14 @@ import argparse
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from daemon.config import Account, Config, ConfigError, load_config
-from turns.quota import LocalQuotaCounter, QuotaGate, day_window, month_window
-from turns.state import StateDB, UsageSum
+
+if TYPE_CHECKING:
+    from turns.state import UsageSum
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
 COLUMNS = ("period", "turns", "steps", "input", "output", "reasoning", "cached", "cost USD")
@@ -65,6 +67,10 @@ def _account(config: Config, name: str | None) -> Account | str:
 
 
 async def _report(config: Config, account: Account, now: datetime) -> str:
+    # Imported here: `turnd --help` and `turnd send` must not load the state and model code.
+    from turns.quota import LocalQuotaCounter, QuotaGate, day_window, month_window
+    from turns.state import StateDB
+
     assert account.did is not None
     day, tomorrow = day_window(now)
     month, next_month = month_window(now)

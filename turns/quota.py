@@ -9,28 +9,20 @@ daemon). A shared counter (Redis, §18) implements the same two methods.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from turns.generate import TurnFailed
+from turns.limits import Quota
 from turns.state import StateDB
+
+__all__ = ["Clock", "LocalQuotaCounter", "Quota", "QuotaCounter", "QuotaExceeded", "QuotaGate"]
 
 Clock = Callable[[], datetime]  # an aware UTC datetime; injectable for the day boundary
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Quota:
-    tokens_per_day: float | None = None  # input + output tokens
-    cost_per_month: float | None = None  # USD
-
-    @property
-    def empty(self) -> bool:
-        return self.tokens_per_day is None and self.cost_per_month is None
 
 
 class QuotaExceeded(TurnFailed):
