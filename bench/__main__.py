@@ -65,6 +65,12 @@ TARGETS: dict[str, tuple[str, Any, str | None]] = {
     "claim_to_first_delta_ms_p50": ("", None, None),
     "model_ttft_ms_p50": ("", None, None),
     "litellm_ttft_overhead_ms_p50": ("", None, None),
+    # [cluster] (SPEC §18, bench/cluster.py): with Redis vs without, in the same run.
+    "cluster_ttft_added_ms_p50": ("<= +1 ms", lambda v: v <= 1, None),
+    "cluster_remote_ttft_ms_p50": ("", None, None),
+    "cluster_delivery_ms_p50": ("<= 2 ms", lambda v: v <= 2, None),
+    "cluster_delivery_ms_p99": ("", None, None),
+    "cluster_stream_ratio": ("", None, None),
 }
 MAIN_KEYS = [
     "ttft_overhead_ms_p50", "ttft_overhead_ms_p99", "stream_ratio", "claim_latency_ms_p50",
@@ -111,7 +117,7 @@ def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def _run(mode: str, sizes: Sizes, want_litellm: bool) -> dict[str, Any]:
+async def _run(mode: str, sizes: Sizes, want_litellm: bool, want_cluster: bool = True) -> dict[str, Any]:
     details: dict[str, dict[str, Any]] = {}
     notes: dict[str, str] = {}
     with (
@@ -149,6 +155,15 @@ async def _run(mode: str, sizes: Sizes, want_litellm: bool) -> dict[str, Any]:
                     notes["litellm"] = f"LiteLLM proxy failed: {str(err)[:300]}"
         else:
             notes["litellm"] = "skipped (--no-litellm)"
+    if want_cluster:
+        from bench import cluster
+
+        rows, why = await cluster.run_all(sizes, log)
+        if why:
+            notes["cluster"] = why
+        details |= summarize(rows)
+    else:
+        notes["cluster"] = "skipped (--no-cluster)"
     return {"details": details, "notes": notes}
 
 
@@ -190,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="a few seconds at minimal sizes: checks the bench code, not turnd")
     p.add_argument("--json", action="store_true", help="end with one JSON object on one line")
     p.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM proxy figure")
+    p.add_argument("--no-cluster", action="store_true",
+                   help="skip the [cluster] figures (they need redis-server)")
     args = p.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = SIZES[mode]
@@ -198,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     log(f"turnd bench ({mode}) on {info['cores']} cores, {info['cpu']}, Python {info['python']}, "
         f"load average {info['loadavg_at_start']}")
-    result = anyio.run(_run, mode, sizes, want_litellm)
+    result = anyio.run(_run, mode, sizes, want_litellm, not args.no_cluster)
     details, notes = result["details"], result["notes"]
     print(table(details, notes))
     for key, why in notes.items():

@@ -150,6 +150,9 @@ class TurndProc:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     tmp: Path | None = None
+    # [cluster] (SPEC §18): the Redis URL, and a store directory shared with other instances.
+    redis_url: str | None = None
+    data_dir: Path | None = None
     _tmpdir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -164,7 +167,7 @@ class TurndProc:
     @property
     def store_file(self) -> Path:
         assert self.tmp is not None
-        return self.tmp / "data" / "store.sqlite3"
+        return (self.data_dir or self.tmp / "data") / "store.sqlite3"
 
     @property
     def log_file(self) -> Path:
@@ -173,8 +176,10 @@ class TurndProc:
 
     def _config(self) -> str:
         first = next(iter(self.providers))
+        data = str(self.data_dir) if self.data_dir else "data"
         lines = [
-            "[store]", 'kind = "local"', 'path = "data"', "",
+            "[store]", 'kind = "local"', f'path = "{data}"', "",
+            "[state]", 'path = "state.sqlite3"', "",
             "[http]", f'listen = "127.0.0.1:{self.port}"', "web = false", "",
             "[models]", f'default = "{first}:fake-model"', "",
             "[turns]", f"ratePerMinute = {self.rate_per_minute}", "retries = 0", "",
@@ -184,6 +189,8 @@ class TurndProc:
                       'api_key_env = "BENCH_PROVIDER_KEY"', ""]
         lines += ["[accounts.bench]", f'handle = "{HANDLE}"', f'did = "{DID}"',
                   'password_env = "BENCH_PASSWORD"', 'token_env = "BENCH_TOKEN"', ""]
+        if self.redis_url:
+            lines += ["[cluster]", 'redis_url_env = "BENCH_REDIS_URL"', ""]
         return "\n".join(lines) + ("\n" + self.extra if self.extra else "")
 
     def __enter__(self) -> TurndProc:
@@ -193,7 +200,8 @@ class TurndProc:
         config = self.tmp / "turnd.toml"
         config.write_text(self._config())
         env = {**os.environ, "BENCH_PROVIDER_KEY": "sk-bench-fake",
-               "BENCH_PASSWORD": self.password, "BENCH_TOKEN": self.token}
+               "BENCH_PASSWORD": self.password, "BENCH_TOKEN": self.token,
+               "BENCH_REDIS_URL": self.redis_url or ""}
         for var in [v for v in env if v.startswith("TURND_")]:
             del env[var]
         log = self.log_file.open("wb")

@@ -35,12 +35,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 async def _checks(config: Config) -> list[tuple[bool | str, str, str]]:
+    from daemon.cluster_check import check_cluster
+
     results: list[tuple[bool | str, str, str]] = [await _check_store(config)]
     for provider in config.providers.values():
         results.append(await _check_provider(config, provider))
     from daemon.tools_check import check_tools
 
     results += await check_tools(config)
+    cluster = await check_cluster(config)  # [cluster]: Redis answers and runs scripts
+    if cluster is not None:
+        results.append(cluster)
     return results
 
 

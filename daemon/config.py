@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -173,6 +174,11 @@ class AccountTable(_Table):
     quota: QuotaTable | None = None
 
 
+class ClusterTable(_Table):
+    # The variable holding the Redis URL (it may carry a password: never in the file).
+    redis_url_env: str = Field(min_length=1)
+
+
 class PluginsTable(_Table):
     enabled: list[str] = Field(default_factory=list)
 
@@ -192,6 +198,7 @@ class FileModel(_Table):
     # [tools.NAME] tool sources (SPEC §14), checked by daemon.tools_config.
     tools: dict[str, Any] = Field(default_factory=dict)
     otel: OtelTable = Field(default_factory=OtelTable)
+    cluster: ClusterTable | None = None
 
 
 # -- the result --------------------------------------------------------------------------
@@ -249,6 +256,9 @@ class Config:
     max_connections: int = 1000
     public_reads: bool = False
     tools: list[Any] = field(default_factory=list)  # plugins.sources specs, in file order
+    # SPEC §18: set with [cluster] redis_url_env; a secret (it may hold a password).
+    redis_url: str | None = field(default=None, repr=False)
+    redis_url_env: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -265,6 +275,11 @@ class Config:
         for account in self.accounts:
             values += [v for v in (account.password, account.token) if v]
         values += [v for spec in self.tools for v in spec.secrets]
+        if self.redis_url:
+            values.append(self.redis_url)
+            password = urlsplit(self.redis_url).password
+            if password:
+                values.append(password)
         return values
 
 
@@ -385,6 +400,7 @@ def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[st
         "models": ModelsTable,
         "plugins": PluginsTable,
         "otel": OtelTable,
+        "cluster": ClusterTable,
     }
     for table, model in simple.items():
         for key in model.model_fields:
@@ -443,6 +459,19 @@ def _secret(key: str, var: str | None, env: Mapping[str, str]) -> str | None:
     if not value:
         raise ConfigError(f"{key}: environment variable {var} is not set")
     return value
+
+
+def _redis_url(table: ClusterTable | None, env: Mapping[str, str]) -> str | None:
+    if table is None:
+        return None
+    url = _secret("cluster.redis_url_env", table.redis_url_env, env)
+    assert url is not None
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        # Never echo the value: it may hold a password.
+        raise ConfigError(
+            f"cluster.redis_url_env: {table.redis_url_env} must be a redis://, rediss:// or unix:// URL"
+        )
+    return url
 
 
 def _resolve_path(base: Path, value: str) -> Path:
@@ -725,6 +754,8 @@ def build_config(
         max_connections=parsed.http.max_connections,
         public_reads=parsed.xrpc.public_reads,
         tools=tools,
+        redis_url=_redis_url(parsed.cluster, env),
+        redis_url_env=parsed.cluster.redis_url_env if parsed.cluster else None,
     )
     config.settings = SettingsReloader(path, turns, env)
     return config

@@ -138,6 +138,9 @@ def _add_ops_routes(app: FastAPI, service: Any) -> None:
         store_ok = service.engine.store_writable and await _store_up(service)
         feed_ok = bool(getattr(service, "feed_up", False))
         body = {"store": store_ok, "changeFeed": feed_ok, **tools_http.tool_health(service)}
+        if getattr(service, "cluster", None) is not None:
+            # SPEC §18: Redis being down is no outage of this instance (still 200).
+            body["cluster"] = service.cluster.up
         if store_ok and feed_ok:
             return JSONResponse({"status": "ok", **body})
         down = " and ".join(
@@ -248,6 +251,13 @@ async def _stream_source(
     # not an empty stream.
     if buffer is not None and not (buffer.done and after >= buffer.last_id):
         return _StreamSource(after, buffer, None)
+    if buffer is None and getattr(service, "cluster", None) is not None:
+        # [cluster]: another instance may run it; its stream is then read from Redis.
+        remote = await service.cluster.remote_stream(
+            (acct.did, skey, replyKey), lambda address: _read_status(service.store, address)
+        )
+        if remote is not None:
+            return _StreamSource(after, remote, None)
     rec = await service.store.get_record(acct.did, skey, recordstore.MESSAGE, replyKey)
     if rec is None or rec.value.get("role") != "assistant":
         raise HTTPException(404, f"no reply {replyKey} in conversation {skey}")
@@ -329,6 +339,14 @@ async def attachments(
     if name:
         part["name"] = name
     return {"part": part}
+
+
+async def _read_status(
+    store: recordstore.RecordStore, address: tuple[str, str, str]
+) -> dict[str, Any] | None:
+    did, skey, reply = address
+    rec = await store.get_record(did, skey, recordstore.MESSAGE, reply)
+    return _stored_status(rec.value) if rec is not None else None
 
 
 def _stored_status(value: dict[str, Any]) -> dict[str, Any]:

@@ -108,6 +108,7 @@ class Service:
         self.store: RecordStore | None = None
         self.state: Any = None  # turns.state.StateDB once running
         self.engine: Any = None  # turns.engine.TurnEngine once running
+        self.cluster: Any = None  # turns.cluster.Cluster with [cluster] (SPEC §18)
         self.feed_up = False
         self.port: int | None = None  # the bound port (differs from config with port 0)
         self._stop = anyio.Event()
@@ -224,6 +225,14 @@ class Service:
             except (OSError, ValueError) as err:
                 raise ServiceError(f"state.path: cannot open the state file: {err}") from None
             stack.push_async_callback(_close, self.state.aclose)
+            if self.config.redis_url:
+                from turns.cluster import Cluster
+
+                # Entered before the engine, so it closes after it: the last statuses
+                # still reach Redis while running turns finish on shutdown.
+                self.cluster = await stack.enter_async_context(
+                    Cluster(self.config.redis_url, self.state.instance_id)
+                )
 
             from plugins.sources import ToolCatalog
 
@@ -244,6 +253,7 @@ class Service:
                 cache_dir=_derivatives_dir(self.config),
                 tools=self.tools,
                 accounting=accounting,
+                cluster=self.cluster,
                 **_engine_extras(TurnEngine, self.registry),
             )
             await stack.enter_async_context(self.engine)

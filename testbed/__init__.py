@@ -5,7 +5,8 @@
 - ``testbed.pds``: installs and starts the reference ``@atproto/pds`` (``tests/pds/``);
 - ``testbed.ports``: a free loopback port;
 - ``testbed.otlp``: an OTLP/HTTP trace receiver decoding the protobuf (the trace tests
-  and ``bench``'s OpenTelemetry figure).
+  and ``bench``'s OpenTelemetry figure);
+- ``testbed.redis_server``: a real ``redis-server`` on a free port ([cluster], SPEC §18).
 
 It is not part of the installed ``turnd`` package and imports nothing from ``tests`` (the
 pytest fixtures that wrap these live in ``tests/support/fixtures.py``), so ``bench/`` can

@@ -101,10 +101,21 @@ def _check_once(
     return {"generations": sum(generated.values()), "by_daemon": winners}
 
 
-async def test_one_generation_per_message_and_attempt(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cluster", [False, True], ids=["alone", "cluster"])
+async def test_one_generation_per_message_and_attempt(
+    tmp_path: Path, cluster: bool, request: pytest.FixtureRequest
+) -> None:
+    """Also with [cluster] on (SPEC §18): Redis shares streams and limits, never the claim."""
     data = tmp_path / "data"
     fake = FakeProc(tmp_path, tokens=5)
-    daemons = [Turnd(tmp_path, f"d{i}", data, fake.base_url) for i in range(3)]
+    shared: dict[str, Any] = {}
+    if cluster:
+        redis = request.getfixturevalue("redis_server")
+        shared = {
+            "extra": '\n[cluster]\nredis_url_env = "T_REDIS_URL"\n',
+            "env": {"T_REDIS_URL": redis.url},
+        }
+    daemons = [Turnd(tmp_path, f"d{i}", data, fake.base_url, **shared) for i in range(3)]
     try:
         for d in daemons:
             await anyio.to_thread.run_sync(d.start)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
@@ -42,13 +42,16 @@ from turns.approval import APPROVAL, Approvals
 from turns.final_writes import FinalWrites
 from turns.metrics import TurnMetrics
 from turns.models import Clients
-from turns.ratelimit import RateLimiter
+from turns.ratelimit import Limiter, RateLimiter
 from turns.settings import Provider, TurnSettings
 from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
 from turns.titles import Titles
 from turns.toolcalls import ToolCallMetrics
 from turns.turn import Start, Turn, TurnAddress, TurnServices
+
+if TYPE_CHECKING:
+    from turns.cluster import Cluster
 
 log = logging.getLogger("turnd.turns")
 
@@ -77,6 +80,7 @@ class TurnEngine:
         final_writes: FinalWrites | None = None,
         maintenance_interval: float = 60,
         accounting: Accounting | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self._store = store
         self._state = state
@@ -89,8 +93,16 @@ class TurnEngine:
         self.books = Books(accounting or Accounting(), state, self.metrics)
         self._clients = Clients(providers)
         self._secrets = [p.api_key for p in providers.values() if p.api_key]
-        self._streams = StreamRegistry(self.metrics.subscriber_delta)
-        self._limiter = RateLimiter()
+        # [cluster] (SPEC §18): streams, limits and cancel shared through Redis.
+        self._cluster = cluster
+        self._streams = (
+            cluster.streams(self.metrics.subscriber_delta)
+            if cluster
+            else StreamRegistry(self.metrics.subscriber_delta)
+        )
+        self._limiter: Limiter = cluster.limiter if cluster else RateLimiter()
+        if cluster:
+            cluster.serve_cancel(lambda address: self._cancel_here(*address))
         self._starts: dict[TurnAddress, Start] = {}
         # Turns with something to cancel: queued, or claimed and not yet written.
         self._running: dict[TurnAddress, Turn] = {}
@@ -267,6 +279,12 @@ class TurnEngine:
         return reply_key(key, attempt), turn
 
     async def cancel(self, did: str, skey: str, reply: str) -> bool:
+        """Cancel a running reply here, or (with [cluster]) on the instance running it."""
+        if await self._cancel_here(did, skey, reply):
+            return True
+        return self._cluster is not None and await self._cluster.cancel((did, skey, reply))
+
+    async def _cancel_here(self, did: str, skey: str, reply: str) -> bool:
         parsed = parse_reply_key(reply)
         turn = self._running.get(TurnAddress(did, skey, *parsed)) if parsed else None
         if turn is None:

@@ -96,10 +96,7 @@ class PartsBuilder:
         if self.first_delta_at is None:
             self.first_delta_at = time.monotonic()
         if self._buffer is not None:
-            # The hot path: one small string per token, no dict, no generic encoder.
-            self._buffer.publish_raw(
-                "delta", f'{{"index":{run.index},"text":{json.dumps(delta, ensure_ascii=False)}}}'
-            )
+            self._buffer.publish_delta(run.index, delta)  # the hot path
 
     def provider_data(self, data: dict[str, Any]) -> None:
         """Provider metadata for the part being streamed; later keys win (signatures come last)."""

@@ -5,8 +5,32 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
+
+
+class Limiter(Protocol):
+    """What the engine needs of a rate limiter: this process's, or one shared on Redis."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    async def admit(self, user: str, per_minute: int, turn: str = "") -> bool:
+        """Start ``turn`` now if the window allows it and nobody waits before it."""
+        ...
+
+    async def acquire(self, user: str, per_minute: int, turn: str = "") -> None:
+        """Wait, first come first served, until ``turn`` may start."""
+        ...
+
+    async def enter_queue(self, user: str, max_queued: int, turn: str = "") -> bool:
+        """Take a place in ``user``'s queue; False when ``max_queued`` are already waiting."""
+        ...
+
+    async def exit_queue(self, user: str, turn: str = "") -> None:
+        """Give the place back (never raises, even when cancelled)."""
+        ...
 
 
 class RateLimiter:
@@ -31,6 +55,10 @@ class RateLimiter:
             starts.append(now)
             return True
         return False
+
+    async def admit(self, user: str, per_minute: int, turn: str = "") -> bool:
+        """:meth:`try_acquire` as the :class:`Limiter` protocol has it (a shared one awaits)."""
+        return self.try_acquire(user, per_minute)
 
     def _lock_held(self, user: str) -> bool:
         lock = self._lock.get(user)
@@ -58,7 +86,14 @@ class RateLimiter:
     def queued(self, user: str) -> int:
         return self._queued.get(user, 0)
 
-    async def acquire(self, user: str, per_minute: int) -> None:
+    async def enter_queue(self, user: str, max_queued: int, turn: str = "") -> bool:
+        # No await before the count: a burst of starts still cannot pass the bound.
+        return self.join_queue(user, max_queued)
+
+    async def exit_queue(self, user: str, turn: str = "") -> None:
+        self.leave_queue(user)
+
+    async def acquire(self, user: str, per_minute: int, turn: str = "") -> None:
         """Wait (first come, first served per user) until a turn may start."""
         lock = self._lock.setdefault(user, anyio.Lock())
         self.waiting += 1

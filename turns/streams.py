@@ -45,6 +45,10 @@ class StreamBuffer:
     def publish(self, event: str, data: dict[str, Any]) -> None:
         self.publish_raw(event, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
 
+    def publish_delta(self, index: int, text: str) -> None:
+        """A text or reasoning delta: one small string per token, no dict, no generic encoder."""
+        self.publish_raw("delta", f'{{"index":{index},"text":{json.dumps(text, ensure_ascii=False)}}}')
+
     def publish_raw(self, event: str, data: str) -> None:
         if self._closed_at is not None:
             return
@@ -73,27 +77,38 @@ class StreamBuffer:
     ) -> AsyncIterator[list[StreamEvent]]:
         """Like :meth:`events`, but everything available at once, so a writer can send
         it in one write; an empty batch after ``idle`` seconds without an event."""
-        index = max(after, 0)
         if self._on_subscribers:
             self._on_subscribers(+1)
         try:
-            while True:
-                if index < len(self._events):
-                    batch = self._events[index:]
-                    index += len(batch)
-                    yield batch
-                    continue
-                if self._closed_at is not None:
-                    return
-                if self._wakeup is None:
-                    self._wakeup = anyio.Event()
-                with anyio.move_on_after(idle) as scope:
-                    await self._wakeup.wait()
-                if scope.cancelled_caught:
-                    yield []
+            async for batch in self.follow(after, idle):
+                yield batch
         finally:
             if self._on_subscribers:
                 self._on_subscribers(-1)
+
+    async def follow(
+        self, after: int = 0, idle: float = math.inf
+    ) -> AsyncIterator[list[StreamEvent]]:
+        """:meth:`batches` without counting a subscriber (for relays such as a mirror)."""
+        index = max(after, 0)
+        while True:
+            self._settle()
+            if index < len(self._events):
+                batch = self._events[index:]
+                index += len(batch)
+                yield batch
+                continue
+            if self._closed_at is not None:
+                return
+            if self._wakeup is None:
+                self._wakeup = anyio.Event()
+            with anyio.move_on_after(idle) as scope:
+                await self._wakeup.wait()
+            if scope.cancelled_caught:
+                yield []
+
+    def _settle(self) -> None:
+        """Make pending events readable; a coalescing buffer freezes its open delta here."""
 
     def expired(self, now: float) -> bool:
         return self._closed_at is not None and now - self._closed_at > KEEP_SECONDS
@@ -102,18 +117,29 @@ class StreamBuffer:
 class StreamRegistry:
     """Buffers by reply, opened at the claim (or when queued), dropped a minute after the end."""
 
-    def __init__(self, on_subscribers: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_subscribers: Callable[[int], None] | None = None,
+        buffer: Callable[[Callable[[int], None] | None], StreamBuffer] = StreamBuffer,
+    ) -> None:
         self._buffers: dict[tuple[str, str, str], StreamBuffer] = {}
         self._purged_at = 0.0
         self._on_subscribers = on_subscribers
+        self._new_buffer = buffer
 
     def open(self, did: str, skey: str, reply_key: str) -> StreamBuffer:
         self._purge()
         key = (did, skey, reply_key)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.done:
-            buffer = self._buffers[key] = StreamBuffer(self._on_subscribers)
+            buffer = self._buffers[key] = self._new_buffer(self._on_subscribers)
         return buffer
+
+    def claimed(self, did: str, skey: str, reply_key: str) -> None:
+        """The reply's claim is this process's (a shared registry publishes only those)."""
+
+    def lost(self, did: str, skey: str, reply_key: str) -> None:
+        """Another runner holds the reply's claim."""
 
     def get(self, did: str, skey: str, reply_key: str) -> StreamBuffer | None:
         self._purge()

@@ -51,7 +51,7 @@ from turns.models import (
 )
 from turns.parts import PartsBuilder
 from turns.prompt import branch, instructions
-from turns.ratelimit import RateLimiter
+from turns.ratelimit import Limiter
 from turns.settings import TurnSettings
 from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
@@ -114,7 +114,7 @@ class TurnServices:
     clients: Clients
     secrets: list[str]
     streams: StreamRegistry
-    limiter: RateLimiter
+    limiter: Limiter
     http: httpx.AsyncClient
     # The engine's running set: a turn is in it while there is something to cancel.
     running: dict[TurnAddress, Turn]
@@ -168,16 +168,18 @@ class Turn:
         """
         a, s, state = self.address, self._s, self._s.state
         # 3. Rate limit: wait unclaimed, holding nothing but the address.
-        was_queued = not s.limiter.try_acquire(a.did, self._settings.rate_per_minute)
+        # The turn names its slot: a message several instances start counts once.
+        slot = f"{a.skey}/{a.reply}"
+        was_queued = not await s.limiter.admit(a.did, self._settings.rate_per_minute, slot)
         if was_queued:
-            if not s.limiter.join_queue(a.did, self._settings.max_queued):
+            if not await s.limiter.enter_queue(a.did, self._settings.max_queued, slot):
                 await self._refuse(QUEUE_FULL)
                 return
             try:
                 if not await self._wait_in_queue():
                     return  # shutting down: the request stays in turn_request for the next start
             finally:
-                s.limiter.leave_queue(a.did)
+                await s.limiter.exit_queue(a.did, slot)
         # 1. Load, once per turn.
         self.conversation = await conversations.load(s.store, a.did, a.skey)
         user_message = self.conversation.messages.get(a.user_key)
@@ -244,7 +246,9 @@ class Turn:
         s.metrics.queue.inc()
         try:
             with self.scope:
-                await s.limiter.acquire(a.did, self._settings.rate_per_minute)
+                await s.limiter.acquire(
+                    a.did, self._settings.rate_per_minute, f"{a.skey}/{a.reply}"
+                )
         finally:
             s.metrics.queue.dec()
             s.running.pop(a, None)
@@ -280,6 +284,7 @@ class Turn:
             await s.state.drop_request(a.did, a.skey, a.user_key, a.attempt)
             self._start.set("answered")
             await self._close_with_stored_status(self.buffer)
+            s.streams.lost(a.did, a.skey, a.reply)
             return False
         except BaseException:
             s.running.pop(a, None)
@@ -287,6 +292,7 @@ class Turn:
             raise
         self._placeholder_cid = claimed.cid
         self._start.set("claimed")
+        s.streams.claimed(a.did, a.skey, a.reply)
         return True
 
     # -- 5-9. generation -------------------------------------------------------------------

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from testbed.fakemodel import FakeModel
 from testbed.pds import Account, PdsServer, install
+from testbed.redis_server import REDIS_SERVER, RedisServer
 
 
 @pytest.fixture
@@ -38,3 +40,15 @@ def pds() -> Iterator[PdsServer]:
 def pds_account(pds: PdsServer) -> Account:
     """A fresh account on the session's PDS."""
     return pds.create_account()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """Debian's ``redis-server`` on a free port, no persistence; killed after the test."""
+    if not Path(REDIS_SERVER).exists():
+        pytest.fail("redis-server is not installed (apt-get install -y redis-server; .ci/run does)")
+    server = RedisServer(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -126,6 +126,7 @@ class Turnd:
     model_url: str
     turns: dict[str, Any] = field(default_factory=dict)
     extra: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # more variables for the process
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     runs: int = 0
@@ -163,7 +164,7 @@ class Turnd:
             self.proc = subprocess.Popen(
                 [TURND, "serve", "--config", str(self.config), "--log-format", "json"],
                 cwd=self.work,
-                env=clean_env(),
+                env=clean_env(**self.env),
                 stdout=o,
                 stderr=e,
             )
