@@ -422,11 +422,18 @@ def _accounting(service: Service) -> Any:
                 return account.quota
         return None
 
+    counter = None
+    if service.cluster is not None:
+        from turns.quota import LocalQuotaCounter
+
+        # SPEC §18: quotas shared by the instances through Redis.
+        counter = service.cluster.quota_counter(LocalQuotaCounter(service.state))
     return Accounting(
         prices=service.config.prices,
         fallbacks=service.config.fallbacks,
         quotas=quota,
         telemetry=service.telemetry,
+        counter=counter,
     )
 
 

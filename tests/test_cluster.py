@@ -264,6 +264,40 @@ async def test_redis_killed_mid_stream_and_restarted(
         }
 
 
+async def test_a_quota_is_shared_by_the_instances(tmp_path: Path, redis_server: RedisServer) -> None:
+    fake = FakeProc(tmp_path, tokens=3)
+    extra = CLUSTER + "\n[accounts.alice.quota]\ntokensPerDay = 1\n"
+    daemons = [
+        Turnd(tmp_path, f"q{i}", tmp_path / "data", fake.base_url, extra=extra,
+              env={"T_REDIS_URL": redis_server.url})
+        for i in range(3)
+    ]
+    q0, q1, q2 = daemons
+    try:
+        # The first turn runs on q0 alone and uses the day's tokens.
+        q0.start()
+        skey = _conversation(q0)
+        first = _post(q0, skey, "spend the quota")["replyKey"]
+        assert _final(q0, skey, first)["status"] == "complete"
+        q0.stop()
+        # q1 and q2 have used nothing themselves: only the shared count can refuse.
+        q1.start()
+        q2.start()
+        for d in (q1, q2):
+            usage = d.client().get("/api/usage").json()
+            assert usage["rows"] == [], "no usage of its own"
+            assert usage["quota"]["tokensPerDay"]["used"] >= 1, usage
+        second = _post(q1, skey, "over the quota")["replyKey"]
+        refused = _final(q1, skey, second)
+        assert refused["status"] == "error"
+        assert refused["error"].startswith("quota exceeded:") and "tokensPerDay" in refused["error"]
+        assert _generations(fake, ["spend the quota", "over the quota"]) == {"spend the quota": 1}
+    finally:
+        for d in daemons:
+            d.stop()
+        fake.stop()
+
+
 async def test_without_cluster_nothing_changes_and_check_reports_it(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import pytest
 
 from testbed.redis_server import RedisServer
-from turns.cluster import Cluster, Usage
+from turns.cluster import Cluster
 from turns.cluster.streams import MirroredBuffer
 from turns.streams import StreamEvent
 
@@ -204,19 +205,45 @@ async def test_queue_bound_is_shared_and_a_dead_instance_stops_counting(
         assert set(await a.link.redis.zrange(key, 0, -1)) == {b"c/2.r0", b"c/4.r0"}
 
 
-async def test_usage_is_summed_and_refilled_after_a_restart(redis_server: RedisServer) -> None:
+class _Rows:
+    """One instance's own usage totals (what turns.quota.LocalQuotaCounter reads from its
+    state file), set by the test."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[int, float]] = {}
+
+    async def totals(self, did: str, now: datetime) -> tuple[int, float]:
+        return self.rows.get(did, (0, 0.0))
+
+    async def add(self, did: str, at: datetime, tokens: int, cost: float) -> None:
+        old = self.rows.get(did, (0, 0.0))
+        self.rows[did] = (old[0] + tokens, old[1] + cost)
+
+
+async def test_quota_usage_is_summed_and_refilled_after_a_restart(
+    redis_server: RedisServer,
+) -> None:
+    now = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
     async with clusters(redis_server.url, 2) as (a, b):
-        await a.usage.publish("did:plc:alice", "2026-12-01", Usage(100, 0.5))
-        await b.usage.publish("did:plc:alice", "2026-12-01", Usage(250, 0.25))
-        await a.usage.publish("did:plc:alice", "2026-12-01", Usage(150, 0.75))  # a's new total
-        assert await b.usage.total("did:plc:alice", "2026-12-01") == Usage(400, 1.0)
+        rows_a, rows_b = _Rows(), _Rows()
+        counter_a, counter_b = a.quota_counter(rows_a), b.quota_counter(rows_b)
+        await counter_a.add("did:plc:alice", now, 100, 0.5)
+        await counter_b.add("did:plc:alice", now, 250, 0.25)
+        await counter_a.add("did:plc:alice", now, 50, 0.25)
+        assert await counter_b.totals("did:plc:alice", now) == (400, 1.0)
+        assert await counter_b.totals("did:plc:bob", now) == (0, 0.0)
+        # Tokens are per UTC day, cost per month: tomorrow only a has written its day yet.
+        tomorrow = now + timedelta(days=1)
+        assert await counter_a.totals("did:plc:alice", tomorrow) == (150, 1.0)
         redis_server.kill()
         await _until(lambda: not a.up and not b.up)
-        assert await a.usage.total("did:plc:alice", "2026-12-01") is None
+        # Unreachable: each instance counts its own.
+        assert await counter_a.totals("did:plc:alice", now) == (150, 0.75)
         redis_server.start()
         await _until(lambda: a.up and b.up)
-        total = await a.usage.total("did:plc:alice", "2026-12-01")
-        assert total == Usage(400, 1.0), "each instance wrote its totals back"
+        # Redis restarted empty: b's check writes b's totals back, a's first call writes a's.
+        assert await counter_b.totals("did:plc:alice", now) == (250, 0.25)
+        assert await counter_a.totals("did:plc:alice", now) == (400, 1.0)
 
 
 async def test_remote_reader_gets_the_stored_status_through_an_outage(

@@ -18,11 +18,12 @@ import anyio
 import anyio.abc
 
 from turns.cluster.control import Address, Control
-from turns.cluster.limits import SharedQueue, SharedRateLimiter, SharedUsage, Usage
+from turns.cluster.limits import SharedQueue, SharedQuotaCounter, SharedRateLimiter
 from turns.cluster.link import RedisLink
 from turns.cluster.streams import ClusterStreams, RemoteStream
+from turns.quota import QuotaCounter
 
-__all__ = ["Address", "Cluster", "RemoteStream", "Usage"]
+__all__ = ["Address", "Cluster", "RemoteStream"]
 
 log = logging.getLogger("turnd.cluster")
 
@@ -36,7 +37,6 @@ class Cluster:
         self.link = RedisLink(url, instance=instance)
         self.queue = SharedQueue(self.link)
         self.limiter = SharedRateLimiter(self.link, self.queue)
-        self.usage = SharedUsage(self.link)
         self._cancel: Callable[[Address], Awaitable[bool]] | None = None
         self._streams: ClusterStreams | None = None
         self._control = Control(self.link, self._handle)
@@ -67,6 +67,10 @@ class Cluster:
     async def __aexit__(self, *exc: object) -> None:
         assert self._stack is not None
         await self._stack.__aexit__(*exc)
+
+    def quota_counter(self, local: QuotaCounter) -> SharedQuotaCounter:
+        """Quota usage summed over the instances (``local``: this instance's own rows)."""
+        return SharedQuotaCounter(self.link, local)
 
     # -- streams and cancel -------------------------------------------------------------
 

@@ -16,12 +16,12 @@ import itertools
 import logging
 import secrets
 from collections import Counter
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import anyio
 
 from turns.cluster.link import RedisLink
+from turns.quota import QuotaCounter, day_window, month_window
 from turns.ratelimit import RateLimiter
 
 log = logging.getLogger("turnd.cluster")
@@ -225,76 +225,72 @@ class SharedQueue:
                     self._link.mark_down(err)
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    tokens: int
-    cost: float
+# KEYS[1]: the account's day (hash: instance -> tokens), KEYS[2]: its month (instance -> USD).
+# ARGV: instance, this instance's tokens today, its USD this month, the keys' expiry times.
+# Writes this instance's own totals and answers everyone's sums, in one step.
+_USAGE = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('EXPIREAT', KEYS[1], ARGV[4])
+redis.call('EXPIREAT', KEYS[2], ARGV[5])
+local tokens, cost = 0, 0
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do tokens = tokens + tonumber(v) end
+for _, v in ipairs(redis.call('HVALS', KEYS[2])) do cost = cost + tonumber(v) end
+return {tostring(tokens), tostring(cost)}
+"""
 
 
-class SharedUsage:
-    """Quota usage summed over instances: each publishes its own totals per period.
+class SharedQuotaCounter:
+    """turns.quota.QuotaCounter summed over instances: quotas shared through Redis.
 
-    An instance knows its own usage exactly (its state file's rows); it writes its
-    totals for an account and period into one hash field (a SET, so repeating it
-    is harmless and a Redis that restarted empty is refilled on reconnect), and a
-    quota check reads the sum of every instance's fields in one command. Fields
-    are keyed by the state file's instance id, stable across restarts.
+    Each instance knows its own usage exactly (its state file's rows, through the
+    local counter). On every model call it records and on every quota check it
+    writes its own totals for the day and the month into one hash field each and
+    reads the sum of all instances' fields — one script, one round trip. Writing
+    totals, not increments, makes it idempotent: a Redis that restarted empty is
+    whole again as soon as each instance has checked or recorded once. Fields are
+    keyed by the state file's instance id, stable across restarts. While Redis is
+    unreachable a quota counts this instance's usage only.
     """
 
-    def __init__(self, link: RedisLink) -> None:
+    def __init__(self, link: RedisLink, local: QuotaCounter) -> None:
         self._link = link
-        self._mine: dict[tuple[str, str], Usage] = {}
-        link.on_reconnect(self.resync)
+        self._local = local
+        self._script = link.redis.register_script(_USAGE)
 
-    def _key(self, did: str, period: str) -> str:
-        return self._link.key("usage", did, period)
+    async def totals(self, did: str, now: datetime) -> tuple[int, float]:
+        mine = await self._local.totals(did, now)
+        shared = await self._share(did, now, mine)
+        return shared if shared is not None else mine
 
-    async def publish(self, did: str, period: str, usage: Usage) -> None:
-        """This instance's totals of ``did`` for ``period`` (``2026-12-01`` or ``2026-12``)."""
-        self._mine[(did, period)] = usage
-        if self._link.up:
-            try:
-                await self._write(did, period, usage)
-            except _errors() as err:
-                self._link.mark_down(err)
+    async def add(self, did: str, at: datetime, tokens: int, cost: float) -> None:
+        await self._local.add(did, at, tokens, cost)
+        try:
+            mine = await self._local.totals(did, at)
+        except Exception as exc:  # noqa: BLE001 - accounting must never fail a turn
+            log.warning("cluster: could not read this instance's usage: %s", exc)
+            return
+        await self._share(did, at, mine)
 
-    async def _write(self, did: str, period: str, usage: Usage) -> None:
-        key = self._key(did, period)
-        pipe = self._link.redis.pipeline(transaction=False)
-        pipe.hset(
-            key,
-            mapping={
-                f"{self._link.instance}:tokens": usage.tokens,
-                f"{self._link.instance}:cost": repr(usage.cost),
-            },
-        )
-        pipe.expireat(key, _period_end(period) + timedelta(days=2))
-        await pipe.execute()
-
-    async def total(self, did: str, period: str) -> Usage | None:
-        """Every instance's usage of ``did`` in ``period``; None while Redis is unreachable."""
+    async def _share(
+        self, did: str, now: datetime, mine: tuple[int, float]
+    ) -> tuple[int, float] | None:
         if not self._link.up:
             return None
+        day, day_end = day_window(now)
+        month, month_end = month_window(now)
+        keys = [
+            self._link.key("usage", did, day.strftime("%Y-%m-%d")),
+            self._link.key("usage", did, month.strftime("%Y-%m")),
+        ]
+        # Kept a day past their period, for a check at the boundary by a skewed clock.
+        expiry = [int((day_end + timedelta(days=1)).timestamp()),
+                  int((month_end + timedelta(days=1)).timestamp())]
         try:
-            fields = await self._link.redis.hgetall(self._key(did, period))
+            tokens, cost = await self._script(
+                keys=keys, args=[self._link.instance, mine[0], repr(float(mine[1])), *expiry]
+            )
         except _errors() as err:
             self._link.mark_down(err)
             return None
-        tokens, cost = 0, 0.0
-        for name, value in fields.items():
-            if name.endswith(b":tokens"):
-                tokens += int(value)
-            elif name.endswith(b":cost"):
-                cost += float(value)
-        return Usage(tokens, cost)
-
-    async def resync(self) -> None:
-        for (did, period), usage in self._mine.items():
-            await self._write(did, period, usage)
-
-
-def _period_end(period: str) -> datetime:
-    if len(period) == 7:  # a month, YYYY-MM
-        start = datetime.strptime(period, "%Y-%m").replace(tzinfo=UTC)
-        return (start + timedelta(days=32)).replace(day=1)
-    return datetime.strptime(period, "%Y-%m-%d").replace(tzinfo=UTC) + timedelta(days=1)
+        return int(float(tokens)), float(cost)
