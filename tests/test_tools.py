@@ -684,3 +684,31 @@ def test_turnd_check_reports_each_tool_source(tmp_path: Path, http_tools: HttpTo
     assert lines["never"].startswith("degraded tools     never: mcp over stdio: ")
     assert lines["weather"].startswith("ok") and "1 tool" in lines["weather"]
     assert "weather-secret-123" not in out + done.stderr
+
+
+async def test_the_lexicons_readme_approval_example_runs_against_a_live_daemon(
+    tmp_path: Path, fake: FakeModel, http_tools: HttpToolServer
+) -> None:
+    import re
+
+    from tests.support.daemon import ALICE_PASSWORD
+
+    readme = (HERE.parent / "lexicons" / "README.md").read_text()
+    section = readme[readme.index("## Approving a tool call"):]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    fake.push(Reply.tool_calls([ToolCall("weather", {"city": "Oslo"}, id="a1")]), Reply.text("ok"))
+    async with running_daemon(tmp_path, fake, tools=_weather(http_tools)) as d:
+        skey = await d.conversation()
+        posted = await d.post(skey, "Oslo?", generation={"tools": ["weather"]})
+        await _pending(d, skey, posted["replyKey"])
+        # Only the address, the account and the conversation differ from the page.
+        source = (
+            code.replace("http://127.0.0.1:8787", d.base_url)
+            .replace('"me.test", "the-password"', f'"alice.test", "{ALICE_PASSWORD}"')
+            .replace('"3m2a4b5c6d7e2"', f'"{skey}"')
+        )
+        await anyio.to_thread.run_sync(lambda: exec(compile(source, "lexicons/README.md", "exec"), {}))
+        final = await d.final(skey, posted["replyKey"], wait=20)
+        (call,) = _parts(final, TOOL_CALL)
+        assert final["status"] == "complete" and call["approval"] == "approved"
+        assert [r["arguments"] for r in http_tools.requests] == [{"city": "Oslo"}]
