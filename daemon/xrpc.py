@@ -19,7 +19,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -40,11 +40,13 @@ from daemon.auth import (
 )
 from daemon.sessions import LoginLimiter, SessionStore
 from recordstore import keys
+from recordstore.abilities import BatchWrites, BlobTypes, RepoCollections
 from recordstore.lexicon import has_lexicon
 from recordstore.mime import OCTET_STREAM
 from recordstore.write import MAX_BLOB_BYTES, BlobRefError
 
 log = logging.getLogger("turnd.xrpc")
+_A = TypeVar("_A")
 
 __all__ = ["XrpcError", "router", "session_tokens"]
 
@@ -221,22 +223,6 @@ class ApplyWritesInput(_Input):
     swapCommit: str | None = None
 
 
-@runtime_checkable
-class _LocalAbilities(Protocol):
-    """What the local store offers beyond RecordStore, which XRPC serves."""
-
-    async def blob_info(self, did: str, cid: str) -> tuple[str, int] | None: ...
-
-    async def collections(self, did: str) -> list[str]: ...
-
-    async def apply_writes(
-        self, did: str, writes: list[recordstore.Write]
-    ) -> list[recordstore.Record | None]: ...
-
-
-# -- the router --------------------------------------------------------------------------
-
-
 def router(service: _Service, tokens: SessionTokens | None = None) -> APIRouter:
     """The ``/xrpc`` routes for ``service``'s local store and accounts."""
     if tokens is None:
@@ -316,9 +302,9 @@ class _Xrpc:
     def _store(self) -> recordstore.RecordStore:
         return self._service.store
 
-    def _local(self) -> _LocalAbilities:
+    def _able(self, ability: type[_A]) -> _A:
         store = self._service.store
-        if not isinstance(store, _LocalAbilities):  # XRPC is served for the local store only
+        if not isinstance(store, ability):  # XRPC is served for the local store, which can
             raise XrpcError(501, "MethodNotImplemented", "Method Not Implemented")
         return store
 
@@ -446,7 +432,7 @@ class _Xrpc:
             "handle": account.handle,
             "did": account.did,
             "didDoc": _did_doc(account, str(request.base_url).rstrip("/")),
-            "collections": await self._local().collections(account.did),
+            "collections": await self._able(RepoCollections).collections(account.did),
             "handleIsCorrect": True,
         }
 
@@ -527,7 +513,7 @@ class _Xrpc:
             writes.append(
                 recordstore.Write(op, space, collection, key, _typed(w.value, collection))
             )
-        records = await self._local().apply_writes(did, writes)
+        records = await self._able(BatchWrites).apply_writes(did, writes)
         results: list[dict[str, Any]] = []
         for w, rec, rkey, status in zip(writes, records, rkeys, statuses, strict=True):
             if rec is None:
@@ -617,7 +603,7 @@ class _Xrpc:
             raise XrpcError(400, "RepoNotFound", f"Could not find repo for DID: {did}")
         self._reader(request, account)
         data = await self._store.get_blob(account.did, cid)
-        info = await self._local().blob_info(account.did, cid)
+        info = await self._able(BlobTypes).blob_info(account.did, cid)
         headers = {**BLOB_HEADERS, "content-disposition": f'attachment; filename="{cid}"'}
         return Response(data, media_type=info[0] if info else OCTET_STREAM, headers=headers)
 

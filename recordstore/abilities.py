@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["BlobCollector", "NewestFirst"]
+from recordstore import Record, Write
+
+__all__ = ["BatchWrites", "BlobCollector", "BlobTypes", "NewestFirst", "RepoCollections"]
 
 
 @runtime_checkable
@@ -45,3 +47,26 @@ class BlobCollector(Protocol):
     async def delete_blob(self, did: str, cid: str) -> None:
         """Forget ``did``'s blob ``cid`` (its bytes go once no account holds it)."""
         ...
+
+
+@runtime_checkable
+class BlobTypes(Protocol):
+    """The stored type and size of a blob (a PDS serves its blobs with their type itself)."""
+
+    async def blob_info(self, did: str, cid: str) -> tuple[str, int] | None:
+        """``(mime type, size)`` of ``did``'s blob ``cid``, or None."""
+        ...
+
+
+@runtime_checkable
+class RepoCollections(Protocol):
+    """The collections an account has records in (``describeRepo.collections``)."""
+
+    async def collections(self, did: str) -> list[str]: ...
+
+
+@runtime_checkable
+class BatchWrites(Protocol):
+    """Several writes as one transaction (``applyWrites``): all of them, or none."""
+
+    async def apply_writes(self, did: str, writes: Sequence[Write]) -> list[Record | None]: ...
