@@ -18,9 +18,11 @@ from recordstore import (
     RecordExists,
     StoreError,
 )
+from recordstore.cid import record_cid
 from recordstore.firehose import decode_cursor
 from recordstore.keys import new_tid
 from recordstore.pds import PdsAccount, PdsStore
+from recordstore.write import BlobRefError
 from testbed.pds import Account, PdsServer
 from testbed.ports import free_port
 
@@ -120,6 +122,31 @@ async def test_refusals_write_nothing(store: PdsStore, did: str) -> None:
     with pytest.raises(StoreError, match="not an account"):
         await store.create_record("did:plc:nobody", SPACE, MESSAGE, "k", message())
     assert await store.get_record(did, SPACE, MESSAGE, "k") is None
+
+
+async def test_blob_references_are_checked_by_the_pds_and_named_alike(
+    store: PdsStore, did: str
+) -> None:
+    """The same prepare_write as the local store; the PDS checks the references itself
+    and its names come back as the local store's (BlobRefError.error)."""
+    ref = await store.upload_blob(did, b"a note, no signature", "text/plain")
+    missing = {**ref, "ref": {"$link": "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"}}
+    for key, blob, name in [
+        ("no-blob", missing, "BlobNotFound"),
+        ("bad-mime", {**ref, "mimeType": "text/csv"}, "InvalidMimeType"),
+        ("bad-size", {**ref, "size": ref["size"] + 1}, "InvalidSize"),
+    ]:
+        value = message()
+        value["content"]["parts"].append(
+            {"$type": "network.sharedcomputer.chat.defs#filePart", "file": blob}
+        )
+        with pytest.raises(BlobRefError) as info:
+            await store.create_record(did, SPACE, MESSAGE, key, value)
+        assert info.value.error == name
+        assert await store.get_record(did, SPACE, MESSAGE, key) is None
+    # An integral number is the integer, with the CID the PDS computes for it.
+    rec = await store.create_record(did, SPACE, MESSAGE, "integral", message(extra=7.0))
+    assert rec.value["extra"] == 7 and rec.cid == record_cid(message(extra=7))
 
 
 async def test_session_logs_in_again_when_its_tokens_are_gone(store: PdsStore, did: str) -> None:
