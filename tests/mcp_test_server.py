@@ -1,6 +1,7 @@
 """A real MCP server over stdio, built with the official SDK, for the tool tests that
 need a server to misbehave on cue: a long call (that notes whether it was cancelled),
-a call that kills the server, and its process id (to see a restart).
+a call that kills the server, its process id (to see a restart), and a call that adds
+a tool and announces ``tools/list_changed``.
 
 Every event is appended as one line to the file named by ``$MCP_TEST_LOG``:
 ``start <id>``, ``done <id>``, ``cancelled <id>``, ``crash``.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("turnd-test")
 
@@ -48,6 +49,18 @@ async def sleep(seconds: float, label: str = "x") -> str:
         raise
     _note(f"done {label}")
     return f"slept {seconds:g} s"
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Adds a tool ``name`` (answering "<name> here") and announces the new list."""
+
+    def added() -> str:
+        return f"{name} here"
+
+    server.add_tool(added, name=name, description=f"The {name} tool, added at run time")
+    await ctx.notify_tools_changed()
+    return f"added {name}"
 
 
 @server.tool()

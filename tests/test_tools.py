@@ -712,3 +712,30 @@ async def test_the_lexicons_readme_approval_example_runs_against_a_live_daemon(
         (call,) = _parts(final, TOOL_CALL)
         assert final["status"] == "complete" and call["approval"] == "approved"
         assert [r["arguments"] for r in http_tools.requests] == [{"city": "Oslo"}]
+
+
+async def test_the_tool_list_is_reread_when_the_server_announces_a_change(
+    tmp_path: Path, fake: FakeModel
+) -> None:
+    log = tmp_path / "server.log"
+    fake.push(
+        Reply.tool_calls([ToolCall("t_grow", {"name": "fresh"}, id="g1")]),
+        Reply.text("grown"),
+        Reply.tool_calls([ToolCall("t_fresh", {}, id="f1")]),
+        Reply.text("used"),
+    )
+    async with running_daemon(tmp_path, fake, tools={"t": _test_server(log)}) as d:
+        skey = await d.conversation()
+        first = await d.post(skey, "grow", generation={"tools": ["t"]})
+        await d.final(skey, first["replyKey"], wait=40)
+        assert "t_fresh" not in [t["function"]["name"] for t in fake.chat_requests[0].json["tools"]]
+
+        async def listed() -> bool:
+            tools = (await d.http.get("/api/tools")).json()["tools"]
+            return "t_fresh" in [t["name"] for t in tools]
+
+        await _until(listed, "the new tool listed")
+        second = await d.post(skey, "use it", parent=first["replyKey"], generation={"tools": ["t_fresh"]})
+        final = await d.final(skey, second["replyKey"], wait=40)
+        (result,) = _parts(final, TOOL_RESULT)
+        assert (result["output"], result.get("isError")) == ("fresh here", None)
