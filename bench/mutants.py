@@ -41,8 +41,8 @@ class Mutation:
     name: str
     behaviour: str
     path: str
-    find: str
-    replace: str
+    find: str  # must occur exactly once in `path`
+    replace: str  # `{indent}`: the indentation of the line `find` starts on
     tests: tuple[str, ...]  # pytest node ids or files
 
 
@@ -216,7 +216,7 @@ MUTATIONS: list[Mutation] = [
         # file once the turn has finished sees it.
         "record = await self._write_final(record)",
         "record = await self._write_final(record)\n"
-        "            await s.state.set_cursor('last-turn', str(self.user_message) + str(self.conversation.info))",
+        "{indent}await s.state.set_cursor('last-turn', str(self.user_message) + str(self.conversation.info))",
         (_t("test_a_turn_reads_the_conversation_from_the_record_store_and_stores_no_content_server_side"),),
     ),
     Mutation(
@@ -291,7 +291,12 @@ def _run_one(copy: Path, m: Mutation, timeout: float) -> Outcome:
     if count != 1:
         where = "not found" if count == 0 else f"found {count} times"
         return Outcome(m, "MOVED", [], 0.0, f"snippet {where} in {m.path}: {m.find!r}")
-    path.write_text(original.replace(m.find, m.replace))
+    # `{indent}` in a replacement is the indentation of the line the snippet starts on, so
+    # an added line stays valid wherever the code has moved to.
+    at = original.index(m.find)
+    line_start = original.rfind("\n", 0, at) + 1
+    indent = original[line_start:at] if not original[line_start:at].strip() else ""
+    path.write_text(original.replace(m.find, m.replace.replace("{indent}", indent)))
     try:
         code, output = _pytest(copy, m.tests, timeout)
     finally:
