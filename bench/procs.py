@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from daemon.config import local_did
+from daemon.accounts import local_did
 from testbed.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,12 +8,9 @@ from typing import Any
 import anyio
 import httpx
 
-from daemon.config import (
-    ECHO,
-    Config,
-    ConfigError,
-    load_config,
-)
+from daemon.config import Config, load_config
+from daemon.config_file import ConfigError
+from daemon.echo import ECHO
 from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, short
 from daemon.service import load_plugins
 

@@ -14,18 +14,14 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
+from dataclasses import replace
 
 import anyio
 
+from daemon.accounts import CREDENTIALS_FILE, Account, ensure_credentials
 from daemon.check import cmd_check
-from daemon.config import (
-    CREDENTIALS_FILE,
-    Account,
-    Config,
-    ConfigError,
-    ensure_credentials,
-    load_config,
-)
+from daemon.config import Config, load_config
+from daemon.config_file import ConfigError
 from daemon.exits import EXIT_CONFIG, EXIT_OK, fail, leaf
 from daemon.send import cmd_send
 from daemon.starter import cmd_init
@@ -42,8 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if config.store_kind == "local" and not config.accounts:
             # First start without an account: make one, kept 0600 in the data dir.
             account, was_created = ensure_credentials(config.store_path)
-            config.accounts = [account]
-            config.generated_account = True
+            config = replace(config, accounts=[account], generated_account=True)
             created = account if was_created else None
         service = Service(config)
     except ConfigError as err:

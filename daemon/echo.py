@@ -18,9 +18,27 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.config import ECHO_LABEL, ECHO_MODEL
+from daemon.config_file import client_host, parse_listen
+from turns.settings import Provider
 
 WORDS_PER_CHUNK = 3
+
+ECHO = "echo"  # the provider's name, reserved
+ECHO_LABEL = "echo (built-in test provider)"
+ECHO_MODEL = "echo"
+
+
+def echo_provider(listen: str) -> Provider:
+    host, port = parse_listen(listen)
+    return Provider(
+        name=ECHO,
+        base_url=f"http://{client_host(host)}:{port}/echo/v1",
+        # Not a secret: the openai client insists on some key, the echo ignores it.
+        api_key="echo",
+        models=(ECHO_MODEL,),
+        label=ECHO_LABEL,
+    )
+
 
 
 class ChatRequest(BaseModel):

@@ -17,12 +17,9 @@ import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
-from daemon.config import (
-    Account,
-    Config,
-    ConfigError,
-    load_config,
-)
+from daemon.accounts import Account
+from daemon.config import Config, load_config
+from daemon.config_file import ConfigError
 from daemon.exits import EXIT_CONFIG, EXIT_OK, fail, leaf, short
 from recordstore.times import now_iso
 from recordstore.vocabulary import CONVERSATION, PLAIN_CONTENT, TEXT_PART

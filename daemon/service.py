@@ -30,10 +30,19 @@ import uvicorn
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
-from daemon.config import ECHO, Account, Config, ConfigError, echo_provider
+from daemon.accounts import Account
+from daemon.config import Config
+from daemon.config_file import ConfigError
 from daemon.connections import AcceptErrorLog, guarded_protocol
+from daemon.echo import ECHO, echo_provider
 from daemon.events import EventHub
+from daemon.http import create_app
 from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore, StoreError
+from recordstore.abilities import KnownDids
+from turns.engine import TurnEngine
+from turns.metrics import TurnMetrics
+from turns.settings import Provider
+from turns.state import StateDB
 
 log = logging.getLogger("turnd.service")
 
@@ -93,9 +102,7 @@ async def open_store(config: Config) -> RecordStore:
         from recordstore import pds
     except ImportError:
         raise ServiceError("store.kind: the pds backend is not available in this build") from None
-    opener: Any = getattr(pds, "open_pds_store", None) or pds.PdsStore.open
-    result = opener(config.store_service, config.accounts)
-    return await result if hasattr(result, "__await__") else result
+    return await pds.open_pds_store(config.store_service, config.accounts)
 
 
 class Service:
@@ -106,9 +113,11 @@ class Service:
         self.accounts: list[Account] = list(config.accounts)
         self.registry = CollectorRegistry()
         self.store: RecordStore | None = None
-        self.state: Any = None  # turns.state.StateDB once running
-        self.engine: Any = None  # turns.engine.TurnEngine once running
+        self.state: StateDB | None = None  # once running
+        self.engine: TurnEngine | None = None  # once running
         self.cluster: Any = None  # turns.cluster.Cluster with [cluster] (SPEC §18)
+        # The config's providers; with port 0 the echo's URL is the port actually bound.
+        self.providers: dict[str, Provider] = dict(config.providers)
         self.feed_up = False
         self.port: int | None = None  # the bound port (differs from config with port 0)
         self._stop = anyio.Event()
@@ -155,10 +164,9 @@ class Service:
     def _learn_dids(self) -> None:
         """pds accounts configured by handle only: take the DID their login returned
         (an account whose PDS was down at start-up gets it on its first use)."""
-        sessions = getattr(self.store, "sessions", None)
-        if sessions is None:
+        if not isinstance(self.store, KnownDids):
             return
-        known = {s.account.identifier: s.account.did for s in sessions() if s.account.did}
+        known = self.store.known_dids()
         self.accounts = [
             replace(a, did=known[a.handle]) if a.did is None and a.handle in known else a
             for a in self.accounts
@@ -175,7 +183,7 @@ class Service:
         if self.port != self.config.port:
             # Port 0 (tests): the built-in echo must point at the port actually bound.
             host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-            self.config.providers[ECHO] = echo_provider(f"{host}:{self.port}")
+            self.providers[ECHO] = echo_provider(f"{host}:{self.port}")
         loop = asyncio.get_running_loop()
         previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(AcceptErrorLog(previous_handler))
@@ -205,10 +213,6 @@ class Service:
                     return
 
     async def _run(self, sock: socket.socket, on_ready: Callable[[Service], None] | None) -> None:
-        from daemon.http import create_app
-        from turns.engine import TurnEngine
-        from turns.state import StateDB
-
         async with AsyncExitStack() as stack:
             key = "store.path" if self.config.store_kind == "local" else "store.service"
             try:
@@ -246,7 +250,7 @@ class Service:
                 self.store,
                 self.state,
                 self.config.settings,
-                self.config.providers,
+                self.providers,
                 self.config.default_model,
                 self.plugins,
                 user_tools=_UserTools(self),
@@ -254,7 +258,7 @@ class Service:
                 tools=self.tools,
                 accounting=accounting,
                 cluster=self.cluster,
-                **_engine_extras(TurnEngine, self.registry),
+                metrics=TurnMetrics(self.registry),
             )
             await stack.enter_async_context(self.engine)
             for account in self.accounts:
@@ -461,17 +465,3 @@ def load_plugins(names: list[str]) -> Any:
         return load(names)
     except Exception as err:  # noqa: BLE001 - whatever a plugin raises, name the key
         raise ConfigError(f"plugins.enabled: {str(err).splitlines()[0]}") from None
-
-
-def _engine_extras(engine_cls: type, registry: CollectorRegistry) -> dict[str, Any]:
-    """Pass the metrics registry if the engine takes one (its signature is the lead's)."""
-    import inspect
-
-    params = inspect.signature(engine_cls).parameters
-    if "metrics" in params:
-        from turns.metrics import TurnMetrics
-
-        return {"metrics": TurnMetrics(registry)}
-    if "registry" in params:
-        return {"registry": registry}
-    return {}

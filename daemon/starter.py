@@ -9,13 +9,9 @@ from pathlib import Path
 
 import anyio
 
-from daemon.config import (
-    ECHO,
-    KNOWN_PROVIDER_KEYS,
-    ConfigError,
-    load_config,
-    resolve_config_path,
-)
+from daemon.config import KNOWN_PROVIDER_KEYS, load_config, resolve_config_path
+from daemon.config_file import ConfigError
+from daemon.echo import ECHO
 from daemon.exits import EXIT_CONFIG, EXIT_OK, fail
 
 STARTER = """\

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from daemon.config import Account, Config, ConfigError, load_config
+from daemon.accounts import Account
+from daemon.config import Config, load_config
+from daemon.config_file import ConfigError
 
 if TYPE_CHECKING:
     from turns.state import UsageSum

@@ -40,7 +40,7 @@ from daemon.auth import (
 )
 from daemon.sessions import LoginLimiter, SessionStore
 from recordstore import keys
-from recordstore.abilities import BatchWrites, BlobTypes, RepoCollections
+from recordstore.abilities import BatchWrites, BlobTypes, RepoCollections, RepoLister
 from recordstore.lexicon import has_lexicon
 from recordstore.mime import OCTET_STREAM
 from recordstore.write import MAX_BLOB_BYTES, BlobRefError
@@ -716,9 +716,10 @@ async def _list_repo(
     ``<skey>:`` (the way a client lists one conversation); with a store that can
     list the whole repo (``list_repo_records``), it spans spaces as on a PDS.
     """
-    lister = getattr(store, "list_repo_records", None)
-    if lister is not None:
-        return await lister(did, collection, cursor=cursor, limit=limit, reverse=reverse)
+    if isinstance(store, RepoLister):
+        return await store.list_repo_records(
+            did, collection, cursor=cursor, limit=limit, reverse=reverse
+        )
     if cursor is None or ":" not in cursor:
         raise XrpcError(
             400,

@@ -11,7 +11,15 @@ from typing import Protocol, runtime_checkable
 
 from recordstore import Record, Write
 
-__all__ = ["BatchWrites", "BlobCollector", "BlobTypes", "NewestFirst", "RepoCollections"]
+__all__ = [
+    "BatchWrites",
+    "BlobCollector",
+    "BlobTypes",
+    "KnownDids",
+    "NewestFirst",
+    "RepoCollections",
+    "RepoLister",
+]
 
 
 @runtime_checkable
@@ -70,3 +78,27 @@ class BatchWrites(Protocol):
     """Several writes as one transaction (``applyWrites``): all of them, or none."""
 
     async def apply_writes(self, did: str, writes: Sequence[Write]) -> list[Record | None]: ...
+
+
+@runtime_checkable
+class RepoLister(Protocol):
+    """One collection across every space, in classic-repo rkey order (XRPC ``listRecords``)."""
+
+    async def list_repo_records(
+        self,
+        did: str,
+        collection: str,
+        *,
+        cursor: str | None = None,
+        limit: int = 100,
+        reverse: bool = False,
+    ) -> tuple[list[Record], str | None]: ...
+
+
+@runtime_checkable
+class KnownDids(Protocol):
+    """A backend that learns accounts' DIDs at login (a PDS account named by handle)."""
+
+    def known_dids(self) -> dict[str, str]:
+        """Login identifier (handle or DID) -> the DID it logged in as, for those logged in."""
+        ...

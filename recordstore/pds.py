@@ -187,6 +187,10 @@ class PdsStore(RecordStore):
     def sessions(self) -> list[_Session]:
         return list(self._sessions)
 
+    def known_dids(self) -> dict[str, str]:
+        """Login identifier -> DID, for the accounts logged in (:class:`~recordstore.abilities.KnownDids`)."""
+        return {s.account.identifier: s.account.did for s in self._sessions if s.account.did}
+
     def feed_accounts(self) -> list[_Session]:
         """The accounts the change feed follows (:class:`recordstore.firehose.FeedSource`)."""
         return list(self._sessions)

@@ -406,7 +406,7 @@ token_env = "ME_TOKEN"
 
 @pytest.mark.anyio
 async def test_a_direct_write_is_answered_and_the_feed_cursor_saved(tmp_path: Path) -> None:
-    from daemon.config import local_did
+    from daemon.accounts import local_did
     from recordstore import CONVERSATION, INFO
     from recordstore.keys import new_tid
     from recordstore.local import LocalStore

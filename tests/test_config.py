@@ -11,16 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import (
-    ECHO_LABEL,
-    ConfigError,
-    SettingsReloader,
-    ensure_credentials,
-    load_config,
-    local_did,
-    parse_listen,
-)
+from daemon.accounts import ensure_credentials, local_did
+from daemon.config import load_config
+from daemon.config_file import ConfigError, parse_listen
 from daemon.dids import account_did
+from daemon.echo import ECHO_LABEL
+from daemon.reload import SettingsReloader
 
 TURND = str(Path(sys.executable).parent / "turnd")
 PROVIDER_KEYS = ("OPENAI_API_KEY", "OPENROUTER_API_KEY")

@@ -372,7 +372,8 @@ async def test_a_failing_summary_model_still_drops_and_answers(tmp_path, fake):
 
 
 def test_the_config_declares_contexts_presets_and_the_new_turn_settings(tmp_path):
-    from daemon.config import ConfigError, build_config
+    from daemon.config import build_config
+    from daemon.config_file import ConfigError
 
     def config(**tables):
         data = {"providers": {"local": {"base_url": "http://127.0.0.1:9/v1", **tables.pop("local", {})}}}

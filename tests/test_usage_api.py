@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from daemon.config import ConfigError
+from daemon.config_file import ConfigError
 from testbed.fakemodel import FakeModel, Reply
 from tests.support.daemon import _ENV, ALICE, BOB, daemon_config, running_daemon
 from tests.support.sse import read_events

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turns.generate import Usage
 from turns.metrics import TurnMetrics
 from turns.models import Clients, ModelResolutionError, parse_model
+from turns.outcomes import Usage
 from turns.pricing import Price
 from turns.quota import Clock, LocalQuotaCounter, Quota, QuotaCounter, QuotaGate, utc_now
 from turns.settings import Provider

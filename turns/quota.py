@@ -12,8 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from turns.generate import TurnFailed
 from turns.limits import Quota
+from turns.outcomes import TurnFailed
 from turns.state import StateDB
 
 __all__ = ["Clock", "LocalQuotaCounter", "Quota", "QuotaCounter", "QuotaExceeded", "QuotaGate"]

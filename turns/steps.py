@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import openai
 
-from turns.generate import ModelFailed, TurnFailed, Usage
+from turns.outcomes import ModelFailed, TurnFailed, Usage
 from turns.retries import reporting
 from turns.streams import StreamBuffer
 

@@ -40,7 +40,7 @@ from turns.approval import ApprovalGate, Approvals, pending_reply
 from turns.conversations import Conversation
 from turns.final_writes import FinalWrites
 from turns.fit import fit_record
-from turns.generate import TurnFailed, Usage, run_steps, scrub
+from turns.generate import run_steps, scrub
 from turns.metrics import TurnMetrics
 from turns.models import (
     Clients,
@@ -49,6 +49,7 @@ from turns.models import (
     choose_model,
     reasoning_effort,
 )
+from turns.outcomes import TurnFailed, Usage
 from turns.parts import PartsBuilder
 from turns.prompt import branch, instructions
 from turns.ratelimit import Limiter

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from turns.generate import Usage
 from turns.metrics import TurnMetrics
+from turns.outcomes import Usage
 from turns.pricing import Price
 from turns.quota import Clock, QuotaCounter, QuotaGate, month_window, utc_now
 from turns.state import StateDB, UsageRow, UsageSum

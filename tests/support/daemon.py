@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,8 @@ from typing import Any
 import anyio
 import httpx
 
-from daemon.config import build_config, local_did
+from daemon.accounts import local_did
+from daemon.config import build_config
 from daemon.service import Service
 from testbed.fakemodel import FakeModel
 from tests.support.records import MESSAGE, text_part
@@ -119,8 +120,7 @@ def daemon_config(tmp: Path, fake: FakeModel, **tables: dict[str, Any]) -> Any:
         **tables,
     }
     config = build_config(data, env=_ENV, path=None, base_dir=tmp)
-    config.port = 0  # the service binds a free port and reports it as service.port
-    return config
+    return replace(config, port=0)  # the service binds a free port and reports it as service.port
 
 
 @asynccontextmanager

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from daemon.config import local_did
+from daemon.accounts import local_did
 from testbed.ports import free_port
 from tests.support.records import MESSAGE, user_message
 
