@@ -84,10 +84,6 @@ class Regenerate(_Body):
 # -- the app -------------------------------------------------------------------------------------
 
 
-def _config(service: Any, name: str, default: Any) -> Any:
-    return getattr(getattr(service, "config", None), name, default)
-
-
 def create_app(service: Any) -> FastAPI:
     """The side server for ``service`` (a :class:`daemon.service.Service`)."""
     app = FastAPI(
@@ -107,15 +103,15 @@ def create_app(service: Any) -> FastAPI:
     app.include_router(tools_http.router(service))  # /api/tools, approvals (SPEC §14)
     app.include_router(usage_api.router(service))  # /api/usage (SPEC §16)
     _add_ops_routes(app, service)
-    if _config(service, "store_kind", "local") == "local":
+    if service.config.store_kind == "local":
         app.include_router(xrpc.router(service))
     app.include_router(echo.router())  # the built-in provider, at /echo/v1
 
-    blob_limit = int(_config(service, "max_body_bytes", 52_428_800))
+    blob_limit = service.config.max_body_bytes
     app.add_middleware(
         BodyLimit, json_limit=min(JSON_BODY_LIMIT, blob_limit), blob_limit=blob_limit
     )
-    origins = list(_config(service, "cors_origins", []))
+    origins = list(service.config.cors_origins)
     if origins:
         app.add_middleware(
             CORSMiddleware,
@@ -126,7 +122,7 @@ def create_app(service: Any) -> FastAPI:
     # Added last, so it runs first: a request for a foreign Host never reaches a body read.
     app.add_middleware(HostCheck, names=own_names(service))
     # Mounted last: "/" would otherwise shadow every route after it.
-    if _config(service, "web", True) and WEB_DIR.is_dir():
+    if service.config.web and WEB_DIR.is_dir():
         app.mount("/", webui.static_files(WEB_DIR), name="web")  # with its CSP headers
     return app
 
@@ -136,9 +132,9 @@ def _add_ops_routes(app: FastAPI, service: Any) -> None:
     async def healthz() -> Response:
         # Final records the store refused count as the store being down (SPEC §12).
         store_ok = service.engine.store_writable and await _store_up(service)
-        feed_ok = bool(getattr(service, "feed_up", False))
+        feed_ok = service.feed_up
         body = {"store": store_ok, "changeFeed": feed_ok, **tools_http.tool_health(service)}
-        if getattr(service, "cluster", None) is not None:
+        if service.cluster is not None:
             # SPEC §18: Redis being down is no outage of this instance (still 200).
             body["cluster"] = service.cluster.up
         if store_ok and feed_ok:
@@ -251,7 +247,7 @@ async def _stream_source(
     # not an empty stream.
     if buffer is not None and not (buffer.done and after >= buffer.last_id):
         return _StreamSource(after, buffer, None)
-    if buffer is None and getattr(service, "cluster", None) is not None:
+    if buffer is None and service.cluster is not None:
         # [cluster]: another instance may run it; its stream is then read from Redis.
         remote = await service.cluster.remote_stream(
             (acct.did, skey, replyKey), lambda address: _read_status(service.store, address)

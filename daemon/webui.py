@@ -94,7 +94,7 @@ def list_models(config: Any) -> list[dict[str, str]]:
         ids = list(provider.models)
         if not ids and name == default_provider:
             ids = [default_id]
-        label = getattr(provider, "label", None) or name
+        label = provider.label or name
         for model_id in ids:
             out.append({"provider": name, "id": model_id, "label": f"{label} · {model_id}"})
     return out
