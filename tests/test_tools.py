@@ -21,7 +21,13 @@ import anyio
 import httpx
 import pytest
 
-import plugins.sources.mcp  # noqa: F401 - the SDK's import (seconds on a busy machine) is paid here, not in a daemon's start-up deadline
+# The imports a daemon's start makes lazily (seconds on a busy machine, with an MCP server
+# starting beside it) are paid here, not inside the first test daemon's start-up deadline.
+import daemon.http  # noqa: F401
+import plugins.sources.mcp  # noqa: F401
+import recordstore.local  # noqa: F401
+import turns.engine  # noqa: F401
+import turns.state  # noqa: F401
 from tests.fakemodel import FakeModel, Reply, ToolCall
 from tests.http_tool_server import HttpToolServer
 from tests.support.daemon import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
@@ -739,3 +745,45 @@ async def test_the_tool_list_is_reread_when_the_server_announces_a_change(
         final = await d.final(skey, second["replyKey"], wait=40)
         (result,) = _parts(final, TOOL_RESULT)
         assert (result["output"], result.get("isError")) == ("fresh here", None)
+
+
+async def test_an_http_mcp_server_that_goes_away_is_reconnected_on_next_use(
+    tmp_path: Path, fake: FakeModel, everything: str
+) -> None:
+    installed = await anyio.run_process(["bash", str(HERE / "pds" / "install-everything.sh")])
+    entry = installed.stdout.decode().strip().splitlines()[-1]  # cached by the fixture's run
+    port = _free_port()
+
+    def serve() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            ["node", entry, "streamableHttp"], env={**os.environ, "PORT": str(port)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    # (the `everything` fixture only makes sure the server is installed)
+    calls = [ToolCall("ev_echo", {"message": f"m{i}"}, id=f"c{i}") for i in range(3)]
+    fake.push(*(r for c in calls for r in (Reply.tool_calls([c]), Reply.text("ok"))))
+    server = serve()
+    try:
+        await _wait_for_port(port)
+        tools = {"ev": {"kind": "mcp", "url": f"http://127.0.0.1:{port}/mcp"}}
+        async with running_daemon(tmp_path, fake, tools=tools) as d:
+            skey = await d.conversation()
+
+            async def echo(text: str) -> dict[str, Any]:
+                posted = await d.post(skey, text, generation={"tools": ["ev"]})
+                (result,) = _parts(await d.final(skey, posted["replyKey"], wait=40), TOOL_RESULT)
+                return result
+
+            assert (await echo("one"))["output"] == "Echo: m0"
+            server.terminate()
+            server.wait(10)
+            gone = await echo("two")
+            assert gone["isError"] is True
+            server = serve()
+            await _wait_for_port(port)
+            back = await echo("three")
+            assert (back["output"], back.get("isError")) == ("Echo: m2", None)
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -90,7 +90,9 @@ class McpSource:
                 self._degrade(_reason(exc))
             finally:
                 self._client = None
+                # Wake whoever waits for this attempt; the next one gets a fresh event.
                 self._attempted.set()
+                self._attempted = anyio.Event()
             if self._up:  # it worked, then went away: not a failure loop
                 delay = BACKOFF_START
                 if self.lazy:
