@@ -243,6 +243,9 @@ async def _stream_source(
     keys.validate_key(replyKey)
     after = last_event_id if last_event_id is not None else (lastEventId or 0)
     buffer = service.engine.stream(acct.did, skey, replyKey)
+    if getattr(service, "cluster", None) is not None:
+        # [cluster]: a buffer this instance opened for a claim it then lost is not served.
+        buffer = await service.cluster.local_stream(buffer)
     # At or past the last event of a finished reply: its stored status (SPEC §12),
     # not an empty stream.
     if buffer is not None and not (buffer.done and after >= buffer.last_id):

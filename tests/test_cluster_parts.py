@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from testbed.redis_server import RedisServer
@@ -287,3 +288,32 @@ async def test_health_follows_redis(redis_server: RedisServer) -> None:
         await _until(lambda: not a.up)
         redis_server.start()
         await _until(lambda: a.up)
+
+
+async def test_a_buffer_for_a_claim_lost_is_not_served_here(redis_server: RedisServer) -> None:
+    async with clusters(redis_server.url, 1) as (a,):
+        streams = a.streams()
+        won = streams.open("did:plc:alice", "c", "won.r0")
+        lost = streams.open("did:plc:alice", "c", "lost.r0")
+        results: dict[str, Any] = {}
+
+        async def look(name: str, buffer: Any) -> None:
+            results[name] = await a.local_stream(buffer)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(look, "won", won)
+            tg.start_soon(look, "lost", lost)
+            await anyio.lowlevel.checkpoint()  # both wait for the claim's outcome
+            assert results == {}
+            streams.claimed("did:plc:alice", "c", "won.r0")
+            streams.lost("did:plc:alice", "c", "lost.r0")
+            lost.publish("status", {"status": "pending"})  # what a loser tells its readers
+        assert results["won"] is won
+        assert results["lost"] is None, "another instance runs it: ask the cluster"
+        assert await a.local_stream(lost) is None
+        fresh = streams.open("did:plc:alice", "c", "lost2.r0")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(look, "lost2", fresh)
+            await anyio.lowlevel.checkpoint()
+            streams.lost("did:plc:alice", "c", "lost2.r0")
+        assert results["lost2"] is None

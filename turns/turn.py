@@ -284,8 +284,8 @@ class Turn:
             await s.state.drop_claim(a.did, a.skey, a.reply)
             await s.state.drop_request(a.did, a.skey, a.user_key, a.attempt)
             self._start.set("answered")
+            s.streams.lost(a.did, a.skey, a.reply)  # before any await: served here no more
             await self._close_with_stored_status(self.buffer)
-            s.streams.lost(a.did, a.skey, a.reply)
             return False
         except BaseException:
             s.running.pop(a, None)

@@ -22,6 +22,7 @@ from turns.cluster.limits import SharedQueue, SharedQuotaCounter, SharedRateLimi
 from turns.cluster.link import RedisLink
 from turns.cluster.streams import ClusterStreams, RemoteStream
 from turns.quota import QuotaCounter
+from turns.streams import StreamBuffer
 
 __all__ = ["Address", "Cluster", "RemoteStream"]
 
@@ -88,6 +89,10 @@ class Cluster:
         """Cancel a reply another instance runs: true once its runner has cancelled it."""
         rank, _ = await self._control.ask("cancel", address)
         return rank > 0
+
+    async def local_stream(self, buffer: StreamBuffer | None) -> StreamBuffer | None:
+        """The engine's buffer for a reply if this instance serves it (see ClusterStreams)."""
+        return await self._streams.readable(buffer) if self._streams is not None else buffer
 
     async def remote_stream(self, address: Address, stored: StoredStatus) -> RemoteStream | None:
         """The stream of a reply another instance runs (or ran within the last minute)."""

@@ -27,7 +27,7 @@ from turns.cluster.link import RedisLink
 
 log = logging.getLogger("turnd.cluster")
 
-ASK_TIMEOUT = 1.0  # an instance that has not answered by then is taken as a no
+ASK_TIMEOUT = 2.0  # an instance that has not answered by then is taken as a no
 Address = tuple[str, str, str]  # (did, conversation, reply key)
 Handler = Callable[[str, Address], Awaitable[int]]
 BEST = 2  # the highest rank: no other answer can beat it
@@ -68,7 +68,7 @@ class Control:
         """The best answer of the other instances to ``op`` on ``address``: (rank, instance)."""
         from redis.exceptions import RedisError
 
-        if not (self._link.up and self.listening):
+        if not self.listening:  # no answers could reach us
             return 0, None
         nonce = secrets.token_hex(8)
         question = self._questions[nonce] = _Question()

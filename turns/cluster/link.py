@@ -40,7 +40,9 @@ class RedisLink:
         # No hidden retries: callers fall back to in-process state at once, and the
         # probe finds Redis again.
         common = dict(
-            socket_connect_timeout=1.0,
+            # Generous: on a loaded machine a connect can take a while; a refused one
+            # (Redis down) fails at once anyway.
+            socket_connect_timeout=5.0,
             socket_keepalive=True,
             retry=Retry(NoBackoff(), 0),
         )

@@ -38,6 +38,7 @@ log = logging.getLogger("turnd.cluster")
 MAXLEN = 100_000  # entries per reply stream; a reply record is at most ~1 MB anyway
 LIVE_TTL = 900  # seconds: refreshed while the turn runs, so a dead runner's key goes too
 END_TTL = int(KEEP_SECONDS)
+SETTLE_SECONDS = 5.0  # a claim is one store write; past this, the buffer is not served
 _REDIS_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
 
 
@@ -56,6 +57,8 @@ class MirroredBuffer(StreamBuffer):
         self._open_chunks: list[str] = []
         self.mirroring = False
         self.claimed = False  # set by the engine once the claim is ours
+        self.settled = anyio.Event()  # claimed here, or lost to another runner
+        self.lost = False
 
     def publish_delta(self, index: int, text: str) -> None:
         if self._closed_at is not None:
@@ -244,10 +247,29 @@ class ClusterStreams(StreamRegistry):
         buffer = self.get(did, skey, reply)
         if isinstance(buffer, MirroredBuffer):
             buffer.claimed = True
+            buffer.settled.set()
 
     def lost(self, did: str, skey: str, reply: str) -> None:
         """Another runner holds the claim: this buffer is nobody's stream any more."""
-        self._buffers.pop((did, skey, reply), None)
+        buffer = self._buffers.pop((did, skey, reply), None)
+        if isinstance(buffer, MirroredBuffer):
+            buffer.lost = True
+            buffer.settled.set()
+
+    async def readable(self, buffer: StreamBuffer | None) -> StreamBuffer | None:
+        """``buffer`` if it is this instance's stream to serve, else None (ask the others).
+
+        Every instance's change feed may start a message; a buffer opened for a claim
+        not yet decided is waited on (briefly), so that a subscriber here gets the live
+        stream when we win and the runner's, through Redis, when we lose."""
+        if not isinstance(buffer, MirroredBuffer):
+            return buffer
+        if not (buffer.claimed or buffer.lost or buffer.last_id > 0):
+            with anyio.move_on_after(SETTLE_SECONDS):
+                await buffer.settled.wait()
+        if buffer.lost:
+            return None
+        return buffer if buffer.claimed or buffer.last_id > 0 else None
 
     def watch(self, address: Address) -> int:
         """Another instance has a subscriber for ``address``: mirror it if it is ours.
