@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 
 from bench import client as c
 from bench.measure import Log, ms, pct
@@ -168,19 +169,25 @@ async def streaming(a: TurndProc, b: TurndProc, fake: FakeModelProc, runs: int, 
     ):
 
         async def one(skey: str) -> tuple[int, str | None]:
-            reply = await _post(h_a, skey, "stream")
-            _, tokens, status = await _events_at(h_b, f"/api/conversations/{skey}/messages/{reply}/stream")
+            try:
+                reply = await _post(h_a, skey, "stream")
+                _, tokens, status = await _events_at(
+                    h_b, f"/api/conversations/{skey}/messages/{reply}/stream"
+                )
+            except httpx.HTTPError as err:
+                return 0, f"{type(err).__name__}"
             return tokens, status
 
-        async def turnd_batch(n: int) -> float:
+        async def turnd_batch(n: int) -> tuple[float, int]:
             skeys = await _gather([lambda: c.new_conversation(h_a)] * n)
             t0 = c.now()
             got = await _gather([lambda s=s: one(s) for s in skeys])
             wall = c.now() - t0
             bad = [s for _, s in got if s is None or '"complete"' not in s]
             if bad:
-                raise RuntimeError(f"{len(bad)} turns did not complete: {bad[0]}")
-            return sum(t for t, _ in got) / wall
+                # Reported, not hidden: the figure counts only tokens that arrived.
+                log(f"  {len(bad)} of {n} streams did not end complete at B: {bad[0]}")
+            return sum(t for t, _ in got) / wall, len(bad)
 
         async def bare_batch(n: int) -> float:
             t0 = c.now()
@@ -191,8 +198,9 @@ async def streaming(a: TurndProc, b: TurndProc, fake: FakeModelProc, runs: int, 
         await turnd_batch(min(streams, 50))
         for run in range(runs):
             b_rate = await bare_batch(streams)
-            t_rate = await turnd_batch(streams)
-            fig = {"cluster_stream_ratio": t_rate / b_rate, "cluster_tokens_per_s": t_rate}
+            t_rate, failed = await turnd_batch(streams)
+            fig = {"cluster_stream_ratio": t_rate / b_rate, "cluster_tokens_per_s": t_rate,
+                   "cluster_streams_not_complete": float(failed)}
             log(f"  cluster stream run {run + 1}/{runs}: {t_rate:.0f} tok/s through Redis, "
                 f"bare {b_rate:.0f} -> ratio {fig['cluster_stream_ratio']:.3f}")
             out.append(fig)
