@@ -58,7 +58,7 @@ class Served:
     def stderr(self) -> str:
         return self.err.read_text()
 
-    def wait_for(self, pattern: str, timeout: float = 15, *, stderr: bool = False) -> re.Match[str]:
+    def wait_for(self, pattern: str, timeout: float = 60, *, stderr: bool = False) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = re.search(pattern, self.stderr() if stderr else self.stdout())
@@ -391,7 +391,7 @@ token_env = "ME_TOKEN"
 
     daemon = serve(tmp_path, env, "--config", str(conf))
     daemon.wait_for(r"turnd: serving", timeout=30)
-    wait_healthy(daemon.url, timeout=15)
+    wait_healthy(daemon.url, timeout=60)
     # the direct write goes to the PDS with the stock SDK; turnd sees it on the firehose
     sent = turnd("send", "--config", str(conf), "hello pds", cwd=tmp_path, env=env)
     assert sent.returncode == 0, sent.stderr + daemon.stderr()

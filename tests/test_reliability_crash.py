@@ -247,6 +247,14 @@ async def test_kill_writer_mid_write_many_times(tmp_path: Path) -> None:
                 zygote.stdin.flush()
                 ready = (await readline()).split()
                 assert ready[0] == "ready", ready
+                # The kill must fall among writes: wait until the watcher has seen this
+                # writer's first op (a loaded machine can take longer than the random
+                # delay just to start writing), then let it write on for a while.
+                with anyio.fail_after(60):
+                    while True:
+                        if live_seen and live_seen[-1] > head:
+                            break
+                        await anyio.sleep(0.01)
                 await anyio.sleep(rng.uniform(0.01, 0.3))
                 os.kill(int(ready[1]), signal.SIGKILL)  # mid-write most of the time
                 assert (await readline()).split() == ["exit", ready[1], str(int(signal.SIGKILL))]

@@ -120,7 +120,7 @@ async def test_one_generation_per_message_and_attempt(
         for d in daemons:
             await anyio.to_thread.run_sync(d.start)
         async with LocalStore.open(data, poll_interval=0.05) as store:
-            clients = [d.aclient(limits=httpx.Limits(max_connections=50)) for d in daemons]
+            clients = [d.aclient(limits=httpx.Limits(max_connections=50, keepalive_expiry=2.0)) for d in daemons]
             try:
                 await _race(store, daemons, clients, fake)
             finally:

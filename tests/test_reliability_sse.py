@@ -66,7 +66,7 @@ async def test_500_subscribers_and_200_streams(tmp_path: Path) -> None:
         await anyio.to_thread.run_sync(d.start)
         api = d.client()
         rss0 = d.rss_kb()
-        limits = httpx.Limits(max_connections=600, max_keepalive_connections=600)
+        limits = httpx.Limits(max_connections=600, max_keepalive_connections=600, keepalive_expiry=2.0)
         async with d.aclient(timeout=120, limits=limits) as http:
             # 500 subscribers on one stream.
             skey = api.post("/api/conversations", json={}).json()["skey"]

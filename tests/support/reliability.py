@@ -236,6 +236,10 @@ class Turnd:
         )
 
     def aclient(self, token: str = ALICE_TOKEN, timeout: float = 30, **kw: Any) -> httpx.AsyncClient:
+        # httpx keeps an idle connection 5 s, exactly uvicorn's keep-alive timeout: a POST
+        # sent as the server closes it fails with ReadError (httpx retries no POST). A
+        # client that lets idle connections go first never races the server's close.
+        kw.setdefault("limits", httpx.Limits(keepalive_expiry=2.0))
         return httpx.AsyncClient(
             base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, **kw
         )
