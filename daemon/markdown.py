@@ -1,7 +1,10 @@
 """Markdown -> safe HTML for the page (markdown-it-py), importable on its own.
 
 The render runs in worker processes (:mod:`daemon.render`), which import this
-module and nothing of the server. Raw HTML is off, images are never loaded (each
+module and nothing of the server. Fenced code with a language Pygments knows is
+highlighted here, on the server, as ``<span class="...">`` tokens that the page's
+``highlight.css`` colours (no inline styles: the page's CSP has no ``unsafe-inline``),
+so the page needs no JavaScript highlighter. Raw HTML is off, images are never loaded (each
 becomes a link to open on purpose), and a link opens only ``http:``, ``https:``
 or ``mailto:`` (SPEC §12); anything else is shown as text.
 """
@@ -13,8 +16,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from markdown_it import MarkdownIt
+from pygments import highlight as pygments_highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
 
-__all__ = ["SAFE_SCHEMES", "render_markdown", "render_many", "safe_url"]
+__all__ = ["SAFE_SCHEMES", "highlight_code", "render_markdown", "render_many", "safe_url"]
 
 SAFE_SCHEMES = frozenset({"http", "https", "mailto"})
 
@@ -28,8 +35,28 @@ def safe_url(url: str) -> bool:
     return scheme in SAFE_SCHEMES or (scheme == "" and not url.strip().startswith("//"))
 
 
+_FORMATTER = HtmlFormatter(nowrap=True)  # spans only: markdown-it writes the <pre><code>
+MAX_HIGHLIGHT_CHARS = 200_000  # a bigger block is shown plain (Pygments' time grows with it)
+
+
+def highlight_code(code: str, lang: str, attrs: str = "") -> str:
+    """Pygments' token spans for ``code`` in ``lang``; "" (plain, escaped by markdown-it)
+    for an unknown language or none: guessing a language costs more than it shows."""
+    name = lang.strip().split()[0] if lang.strip() else ""
+    if not name or len(code) > MAX_HIGHLIGHT_CHARS:
+        return ""
+    try:
+        lexer = get_lexer_by_name(name)
+    except ClassNotFound:
+        return ""
+    return pygments_highlight(code, lexer, _FORMATTER)
+
+
 def _markdown() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    md = MarkdownIt(
+        "commonmark",
+        {"html": False, "linkify": False, "typographer": False, "highlight": highlight_code},
+    )
     md.enable(["table", "strikethrough"])
     md.validateLink = lambda url: safe_url(url)  # type: ignore[method-assign]
 

@@ -3,7 +3,7 @@
 Two small /api routes the page needs beyond SPEC §6, usable by any web client:
 
 - ``GET /api/models``: the configured providers' models (the echo labelled as such)
-  and the default, for the model picker;
+  and the default, for the model picker, and the signed-in account's ``did``;
 - ``POST /api/render`` ``{texts: [...]}`` -> ``{html: [...]}``: Markdown rendered on
   the server with markdown-it-py, raw HTML off and linkify off. Images are never
   loaded by the page: each becomes a link that opens it on click. The page shows
@@ -69,7 +69,12 @@ def router(service: Any) -> APIRouter:
 
     @api.get("/models")
     async def models(acct: AccountDep) -> dict[str, Any]:
-        return {"models": list_models(service.config), "default": service.config.default_model}
+        # The account's DID too: the page fetches attached images with getBlob(did, cid).
+        return {
+            "models": list_models(service.config),
+            "default": service.config.default_model,
+            "did": acct.did,
+        }
 
     @api.post("/render")
     async def render(body: RenderBody, acct: AccountDep) -> Any:

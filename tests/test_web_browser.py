@@ -112,8 +112,9 @@ def fake() -> Iterator[FakeModel]:
 
 
 @contextmanager
-def turnd_serve(work: Path, fake: FakeModel, rate: int = 1000) -> Iterator[str]:
-    """A real ``turnd serve`` subprocess on a free port; yields its URL."""
+def turnd_serve(work: Path, fake: FakeModel, rate: int = 1000, extra: str = "") -> Iterator[str]:
+    """A real ``turnd serve`` subprocess on a free port; yields its URL. ``extra`` is TOML
+    appended to the config (new tables only)."""
     port = free_port()
     conf = work / "turnd.toml"
     conf.write_text(
@@ -137,6 +138,7 @@ handle = "{HANDLE}"
 password_env = "ME_PASSWORD"
 token_env = "ME_TOKEN"
 """
+        + extra
     )
     env = clean_env(FAKE_KEY="sk-fake-123456", ME_PASSWORD=PASSWORD, ME_TOKEN=TOKEN)
     with (work / "serve.out").open("wb") as out, (work / "serve.err").open("wb") as err:

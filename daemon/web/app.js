@@ -8,7 +8,12 @@ const PART_TYPES = {
   [`${DEFS}#toolCallPart`]: 'toolCall', [`${DEFS}#toolResultPart`]: 'toolResult',
   [`${DEFS}#sourcePart`]: 'source', [`${DEFS}#imagePart`]: 'image', [`${DEFS}#filePart`]: 'file',
 };
-const POLL_MS = 2500;
+// A reply's stream that was not there yet (not claimed) is asked for again this much later;
+// everything else the page learns from the event streams, never by polling.
+const RETRY_MS = 1500;
+// While a text part streams, its finished blocks are rendered as Markdown at most this often,
+// each block once: never the whole reply per token.
+const RENDER_EVERY_MS = 250;
 
 const $ = (id) => document.getElementById(id);
 const state = {
@@ -27,6 +32,14 @@ const state = {
   open: new Set(), // open <details>, by id
   models: [],
   missing: new Map(), // reply key -> when its stream was last not found
+  did: null,
+  preferences: {},
+  tools: [],
+  traces: new Map(), // reply key -> [{event, data}] seen on its stream
+  blobs: new Map(), // blob cid -> object URL (or a promise of one)
+  finals: new Map(), // reply key -> its stream's final status event (latency, cost)
+  search: '',
+  convEvents: null, // {skey, ctrl}
 };
 
 // -- small helpers ---------------------------------------------------------------------------
@@ -78,7 +91,7 @@ class ApiError extends Error {
   }
 }
 
-async function api(path, { method = 'GET', json, body, headers = {} } = {}) {
+async function api(path, { method = 'GET', json, body, headers = {}, raw = false } = {}) {
   const init = { method, headers: { Authorization: `Bearer ${state.token}`, ...headers } };
   if (json !== undefined) {
     init.body = JSON.stringify(json);
@@ -87,6 +100,7 @@ async function api(path, { method = 'GET', json, body, headers = {} } = {}) {
     init.body = body;
   }
   const res = await fetch(path, init);
+  if (raw && res.ok) return res;
   const data = res.headers.get('content-type')?.includes('json') ? await res.json() : null;
   if (res.status === 401) signOut('The token was refused; sign in again.');
   if (!res.ok) throw new ApiError(res.status, data);
@@ -113,6 +127,7 @@ async function signIn(token) {
     const models = await api('/api/models');
     localStorage.setItem('turnd.token', token);
     state.models = models;
+    state.did = models.did || null;
   } catch (err) {
     state.token = null;
     localStorage.removeItem('turnd.token');
@@ -123,6 +138,8 @@ async function signIn(token) {
   $('signin').hidden = true;
   $('app').hidden = false;
   fillModels();
+  await Promise.all([loadPreferences(), loadTools()]).catch(showError);
+  followAccount();
   await loadConversations();
   await selectConversation(location.hash.startsWith('#c=') ? location.hash.slice(3) : null);
   $('input').focus();
@@ -139,6 +156,9 @@ function signOut(message = '') {
   localStorage.removeItem('turnd.token');
   for (const st of state.streams.values()) stopStream(st);
   state.streams.clear();
+  accountCtrl?.abort();
+  state.convEvents?.ctrl.abort();
+  state.convEvents = null;
   $('signin-error').textContent = message;
   showSignIn();
 }
@@ -154,35 +174,183 @@ function fillModels() {
   $('effort').value = localStorage.getItem('turnd.effort') || '';
 }
 
+// -- settings: the preferences record (GET/PUT /api/preferences) ------------------------------
+
+async function loadPreferences() {
+  const { preferences } = await api('/api/preferences');
+  state.preferences = preferences || {};
+  const pref = state.preferences;
+  // The account's defaults, unless this browser chose otherwise.
+  const values = [...$('model').options].map((o) => o.value);
+  const ref = pref.defaultModel && `${pref.defaultModel.provider}:${pref.defaultModel.id}`;
+  if (ref && values.includes(ref) && !localStorage.getItem('turnd.model')) $('model').value = ref;
+  if (pref.defaultEffort && !localStorage.getItem('turnd.effort')) $('effort').value = pref.defaultEffort;
+}
+
+function openSettings() {
+  const pref = state.preferences;
+  const select = $('pref-model');
+  select.replaceChildren(h('option', { value: '', text: "the server's default" }),
+    ...state.models.models.map((m) => h('option', { value: `${m.provider}:${m.id}`, text: m.label })));
+  select.value = pref.defaultModel ? `${pref.defaultModel.provider}:${pref.defaultModel.id}` : '';
+  $('pref-effort').value = pref.defaultEffort || '';
+  $('pref-instructions').value = pref.customInstructions || '';
+  $('pref-timezone').value = pref.timezone || Intl.DateTimeFormat().resolvedOptions().timeZone || '';
+  if (!$('timezones').childElementCount && Intl.supportedValuesOf) {
+    $('timezones').replaceChildren(...Intl.supportedValuesOf('timeZone').map((z) => h('option', { value: z })));
+  }
+  $('pref-titles').checked = pref.generateTitles !== false;
+  $('settings-error').textContent = '';
+  $('settings').showModal();
+}
+
+async function saveSettings(ev) {
+  ev.preventDefault();
+  const next = { ...state.preferences };
+  delete next.updatedAt;
+  const [provider, ...rest] = $('pref-model').value.split(':');
+  if (provider && rest.length) next.defaultModel = { provider, id: rest.join(':') }; else delete next.defaultModel;
+  if ($('pref-effort').value) next.defaultEffort = $('pref-effort').value; else delete next.defaultEffort;
+  const instructions = $('pref-instructions').value.trim();
+  if (instructions) next.customInstructions = instructions; else delete next.customInstructions;
+  const zone = $('pref-timezone').value.trim();
+  if (zone) next.timezone = zone; else delete next.timezone;
+  next.generateTitles = $('pref-titles').checked;
+  try {
+    const { preferences } = await api('/api/preferences', { method: 'PUT', json: { preferences: next } });
+    state.preferences = preferences;
+    localStorage.removeItem('turnd.model');
+    localStorage.removeItem('turnd.effort');
+    fillModels();
+    await loadPreferences();
+    $('settings').close();
+    announce('Settings saved');
+  } catch (err) {
+    $('settings-error').textContent = err.message;
+  }
+}
+
+// -- the tool picker (GET /api/tools) ---------------------------------------------------------
+
+async function loadTools() {
+  const { tools } = await api('/api/tools');
+  state.tools = tools;
+  const chosen = new Set(JSON.parse(localStorage.getItem('turnd.tools') || '[]'));
+  $('tool-list').replaceChildren($('tool-list').querySelector('legend'), ...tools.map((t) => h('label', {
+    class: `tool${t.available ? '' : ' unavailable'}`, title: t.description || '',
+  }, h('input', {
+    type: 'checkbox', value: t.name, checked: chosen.has(t.name), disabled: !t.available,
+    onchange: saveTools,
+  }), h('span', { text: t.name }),
+  t.needsApproval ? h('span', { class: 'muted', text: ' (asks first)' }) : null,
+  t.available ? null : h('span', { class: 'muted', text: ' (unavailable)' }))));
+  $('tools').hidden = !tools.length;
+  updateToolCount();
+}
+
+function chosenTools() {
+  return [...$('tool-list').querySelectorAll('input:checked')].map((i) => i.value);
+}
+
+function saveTools() {
+  localStorage.setItem('turnd.tools', JSON.stringify(chosenTools()));
+  updateToolCount();
+}
+
+function updateToolCount() {
+  const n = chosenTools().length;
+  $('tools-count').textContent = n ? `(${n})` : '';
+}
+
 function generation() {
   const [provider, ...rest] = $('model').value.split(':');
   const out = {};
   if (provider && rest.length) out.model = { provider, id: rest.join(':') };
   if ($('effort').value) out.effort = $('effort').value;
+  const tools = chosenTools();
+  if (tools.length) out.tools = tools;
   return out;
 }
 
 // -- conversations ---------------------------------------------------------------------------
 
 async function loadConversations() {
-  const { conversations } = await api('/api/conversations');
+  const q = state.search;
+  const { conversations } = await api(`/api/conversations?limit=100${q ? `&q=${encodeURIComponent(q)}` : ''}`);
+  if (q !== state.search) return; // a newer search is on its way
   state.conversations = conversations;
   renderConversations();
 }
 
+// A title as a person reads it: a model may answer "**Trip plan**" or "# Trip plan".
+function plainTitle(title) {
+  return String(title || '').replace(/^#+\s*/, '').replace(/[*_`~]+/g, '').replace(/\s+/g, ' ').trim();
+}
+
 function renderConversations() {
   const list = $('conversations');
+  if (list.querySelector('.rename:focus')) return; // renaming: not under the cursor
   list.replaceChildren(...state.conversations.map((c) => {
     const when = c.updatedAt ? new Date(c.updatedAt).toLocaleString() : '';
-    return h('li', {},
+    const title = plainTitle(c.title) || 'New conversation';
+    return h('li', { class: 'conv-item', 'data-skey': c.skey },
       h('button', {
         type: 'button', class: 'conversation', 'data-skey': c.skey,
         'aria-current': c.skey === state.skey ? 'page' : null,
         onclick: () => { selectConversation(c.skey); closeMenu(); },
-      }, h('span', { class: 'title', text: c.title || 'Untitled' }), h('time', { text: when })));
+      }, h('span', { class: 'title', text: title }), h('time', { text: when })),
+      h('span', { class: 'conv-actions' },
+        h('button', { type: 'button', class: 'ghost icon', 'aria-label': `Rename ${title}`, title: 'Rename', text: '✎', onclick: () => startRename(c) }),
+        h('button', { type: 'button', class: 'ghost icon', 'aria-label': `Delete ${title}`, title: 'Delete', text: '×', onclick: () => removeConversation(c) })));
   }));
+  if (!state.conversations.length) {
+    list.append(h('li', { class: 'muted none', text: state.search ? 'No conversation matches.' : 'No conversations yet.' }));
+  }
   const current = state.conversations.find((c) => c.skey === state.skey);
-  $('conv-title').textContent = state.skey ? (current?.title || 'Untitled') : 'New conversation';
+  const shown = plainTitle(current?.title || state.info?.title);
+  $('conv-title').textContent = state.skey ? (shown || 'New conversation') : 'New conversation';
+}
+
+function startRename(c) {
+  const li = $('conversations').querySelector(`li[data-skey="${CSS.escape(c.skey)}"]`);
+  if (!li) return;
+  const input = h('input', { class: 'rename', 'aria-label': 'New title', maxlength: 300 });
+  input.value = plainTitle(c.title);
+  let done = false;
+  const finish = async (save) => {
+    if (done) return;
+    done = true;
+    const title = input.value.trim();
+    if (save && title && title !== c.title) {
+      try {
+        await api(`/api/conversations/${c.skey}`, { method: 'PATCH', json: { title } });
+        c.title = title;
+      } catch (err) { showError(err); }
+    }
+    input.blur();
+    renderConversations();
+  };
+  input.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter') { ev.preventDefault(); finish(true); }
+    if (ev.key === 'Escape') { ev.stopPropagation(); finish(false); }
+  });
+  input.addEventListener('blur', () => finish(true));
+  li.replaceChildren(input);
+  input.focus();
+  input.select();
+}
+
+async function removeConversation(c) {
+  if (!window.confirm(`Delete “${plainTitle(c.title) || 'New conversation'}” and all its messages?`)) return;
+  try {
+    await api(`/api/conversations/${c.skey}`, { method: 'DELETE' });
+    state.conversations = state.conversations.filter((x) => x.skey !== c.skey);
+    if (state.skey === c.skey) await selectConversation(null);
+    renderConversations();
+    announce('Conversation deleted');
+  } catch (err) {
+    showError(err);
+  }
 }
 
 async function selectConversation(skey) {
@@ -191,10 +359,15 @@ async function selectConversation(skey) {
   state.signature = '';
   state.editing = null;
   state.chosen = skey ? JSON.parse(sessionStorage.getItem(`turnd.chosen.${skey}`) || '{}') : {};
+  state.info = null;
   history.replaceState(null, '', skey ? `#c=${skey}` : location.pathname);
+  followConversation(skey);
   renderConversations();
   renderThread();
-  if (skey) await loadConversation();
+  if (skey) {
+    await loadConversation();
+    scrollToEnd(true); // a conversation opens at its newest message
+  }
 }
 
 async function loadConversation() {
@@ -213,6 +386,7 @@ async function loadConversation() {
   state.signature = signature;
   state.info = data.info;
   state.messages = new Map(data.messages.map((m) => [m.key, m]));
+  renderConversations();
   renderThread();
   renderMarkdownLater();
 }
@@ -298,20 +472,30 @@ function renderThread() {
 function followPending(path = branch()) {
   for (const { message } of path) {
     if (!isReply(message) || !isPending(message) || state.streams.has(message.key)) continue;
-    if (Date.now() - (state.missing.get(message.key) || 0) < POLL_MS - 100) continue;
+    if (Date.now() - (state.missing.get(message.key) || 0) < RETRY_MS - 100) { retryLater(); continue; }
     if (message.placeholder) {
       // No record yet: it is being claimed right now, or queued. Ask once it has waited a bit.
       const since = state.missing.get(`wait:${message.key}`) ?? state.missing.set(`wait:${message.key}`, Date.now()).get(`wait:${message.key}`);
-      if (Date.now() - since < 1500) continue;
+      if (Date.now() - since < RETRY_MS) { retryLater(); continue; }
     }
     follow(state.skey, message.key);
   }
 }
 
+// One timer for the replies whose stream was not there yet (not a poll of the conversation:
+// the record events say when anything changes; this only asks a missing stream again).
+let retryTimer = null;
+function retryLater() {
+  if (retryTimer) return;
+  retryTimer = setTimeout(() => { retryTimer = null; if (state.skey) followPending(); }, RETRY_MS);
+}
+
+let atBottom = true; // the reader is at the newest message: keep them there
 function scrollToEnd(force = false) {
   const main = document.scrollingElement;
-  if (force || main.scrollHeight - main.scrollTop - main.clientHeight < 200) {
+  if (force || atBottom || main.scrollHeight - main.scrollTop - main.clientHeight < 200) {
     main.scrollTop = main.scrollHeight;
+    atBottom = true;
   }
 }
 
@@ -395,11 +579,11 @@ function fillReply(li, message, siblings) {
   li.dataset.status = status;
   const done = state.finished.get(key);
   if (done) li.dataset.streamText = done.text;
-  const body = h('div', { class: 'body' }, parts.map((p, i) => renderPart({ ...p, done: p.done || !live || i < parts.length - 1 }, key, i)));
+  const body = h('div', { class: 'body' }, parts.map((p, i) => renderPart({ ...p, done: p.done || !live || i < parts.length - 1, reply: key }, key, i)));
   const header = [];
   if (status === 'queued') header.push(h('p', { class: 'badge queued', text: 'Queued — waiting for the rate limit…' }));
   if (status === 'pending' && !parts.length) header.push(h('p', { class: 'badge thinking', text: 'Waiting for the model…' }));
-  li.replaceChildren(...header, body);
+  li.replaceChildren(...[...header, traceLines(key), body].filter(Boolean));
   const error = live ? null : (st?.final?.error || value.error);
   if (status === 'error') {
     li.append(h('div', { class: 'reply-error', role: 'alert' },
@@ -410,8 +594,49 @@ function fillReply(li, message, siblings) {
   li.append(h('div', { class: 'actions' },
     siblingNav(message, siblings, 'attempt'),
     live ? h('button', { type: 'button', class: 'danger', id: `cancel-${key}`, onclick: () => cancel(key), text: 'Cancel' })
-      : h('button', { type: 'button', class: 'ghost', id: `regen-${key}`, onclick: () => regenerate(value.parent), text: 'Regenerate', disabled: message.placeholder }),
-    live || message.placeholder ? null : h('span', { class: 'meta', text: metaLine(value, st?.final, done) })));
+      // An error reply has its Retry above: one way to ask again, not two.
+      : status === 'error' ? null
+        : h('button', { type: 'button', class: 'ghost', id: `regen-${key}`, onclick: () => regenerate(value.parent), text: 'Regenerate', disabled: message.placeholder }),
+    live || message.placeholder ? null : h('button', {
+      type: 'button', class: 'ghost copy-reply', id: `copy-${key}`, 'aria-label': 'Copy reply', text: 'Copy',
+      onclick: (ev) => copyText(replyText(parts), ev.currentTarget),
+    }),
+    live || message.placeholder ? null : h('span', { class: 'meta', text: metaLine(value, st?.final || state.finals.get(key), done) })));
+}
+
+function replyText(parts) {
+  return parts.filter((p) => p.type === 'text').map((p) => p.text).join('\n\n');
+}
+
+// step / retry / fallback / context events of the reply's stream: one small line each.
+function traceLine(ev) {
+  const d = ev.data;
+  const model = (m) => (m ? `${m.provider}:${m.id}` : '?');
+  switch (ev.event) {
+    case 'step': return `Step ${d.index + 1} · ${model(d.model)}`;
+    case 'retry': return `Retry ${d.attempt} of step ${d.step + 1} in ${d.waitSeconds} s · ${d.reason}`;
+    case 'fallback': return `Fell back from ${model(d.from)} to ${model(d.to)} · ${d.reason}`;
+    case 'context': return `Context fitted: ${d.dropped || 0} message(s) dropped, ${d.summarized || 0} summarized`;
+    default: return ev.event;
+  }
+}
+
+function traceLines(key) {
+  const events = state.traces.get(key);
+  if (!events?.length) return null;
+  return h('div', { class: 'traces' }, events.map((ev, i) => details(`${key}-trace-${i}`, `trace trace-${ev.event}`,
+    traceLine(ev), h('pre', { text: JSON.stringify(ev.data, null, 2) }))));
+}
+
+async function decide(replyKeyValue, callId, approve) {
+  try {
+    await api(`/api/conversations/${state.skey}/messages/${replyKeyValue}/approvals/${encodeURIComponent(callId)}`, {
+      method: 'POST', json: { approve },
+    });
+    announce(approve ? 'Approved' : 'Denied');
+  } catch (err) {
+    showError(err);
+  }
 }
 
 function metaLine(value, final, done) {
@@ -425,7 +650,11 @@ function metaLine(value, final, done) {
     if (usage.reasoningTokens) tokens.push(`${usage.reasoningTokens} reasoning`);
     bits.push(`${tokens.join(' / ')} tokens`);
   }
-  if (done?.ms) bits.push(`${(done.ms / 1000).toFixed(1)} s`);
+  if (usage?.cachedTokens) bits.push(`${usage.cachedTokens} cached`);
+  if (typeof final?.cost === 'number') bits.push(`$${final.cost < 0.01 ? final.cost.toPrecision(2) : final.cost.toFixed(4)}`);
+  if (typeof final?.ttftMs === 'number') bits.push(`first token ${(final.ttftMs / 1000).toFixed(2)} s`);
+  if (typeof final?.latencyMs === 'number') bits.push(`${(final.latencyMs / 1000).toFixed(1)} s`);
+  else if (done?.ms) bits.push(`${(done.ms / 1000).toFixed(1)} s`);
   if (value.createdAt) bits.push(new Date(value.createdAt).toLocaleTimeString());
   return bits.join(' · ');
 }
@@ -447,19 +676,31 @@ function renderPart(p, key, i) {
   switch (p.type) {
     case 'text': {
       const html = p.done && state.html.get(p.text);
-      if (html !== undefined && html !== false && p.done) {
-        const div = h('div', { class: 'markdown' });
-        // Safe: rendered on the server with raw HTML off and images as links (/api/render).
-        div.innerHTML = html;
-        return wrap(div);
+      if (html !== undefined && html !== false && p.done) return wrap(markdownDiv(html));
+      if (p.chunks?.length) {
+        // Streaming: the finished blocks rendered, the block being written as plain text.
+        const tail = p.text.slice(p.upto);
+        return wrap(markdownDiv(p.chunks.join('')), tail ? h('div', { class: 'plain', text: tail }) : null);
       }
       return wrap(h('div', { class: 'plain', text: p.text }));
     }
     case 'reasoning':
       return wrap(details(id, 'reasoning', 'Reasoning', h('div', { class: 'plain', text: p.text })));
-    case 'toolCall':
-      return wrap(details(id, 'tool-card tool-call', p.part ? `Tool call · ${p.part.tool}` : 'Tool call…',
+    case 'toolCall': {
+      const approval = p.part?.approval;
+      if (approval === 'pending') {
+        // An approval card: the turn waits for this decision (SPEC §14).
+        return wrap(h('div', { class: 'approval-card', role: 'group', 'aria-label': `Approve ${p.part.tool}?` },
+          h('p', {}, h('strong', { text: p.part.tool }), ' wants to run with:'),
+          h('pre', { text: pretty(p.part.input) }),
+          h('div', { class: 'actions' },
+            h('button', { type: 'button', class: 'primary', id: `approve-${p.part.callId}`, text: 'Approve', onclick: () => decide(p.reply, p.part.callId, true) }),
+            h('button', { type: 'button', class: 'danger', id: `deny-${p.part.callId}`, text: 'Deny', onclick: () => decide(p.reply, p.part.callId, false) }))));
+      }
+      const label = approval ? ` · ${approval}` : '';
+      return wrap(details(id, `tool-card tool-call${approval ? ` approval-${approval}` : ''}`, p.part ? `Tool call · ${p.part.tool}${label}` : 'Tool call…',
         h('pre', { text: p.part ? pretty(p.part.input) : '' })));
+    }
     case 'toolResult': {
       const err = p.part?.isError;
       return wrap(details(id, `tool-card tool-result${err ? ' is-error' : ''}`,
@@ -469,12 +710,60 @@ function renderPart(p, key, i) {
     case 'source':
       return wrap(p.part ? sourceLink(p.part) : 'Source…');
     case 'image':
-      return wrap(h('span', { class: 'chip', text: `Image: ${p.part.alt || 'image'} (${p.part.image?.mimeType || 'image'})` }));
+      return wrap(imagePreview(p.part));
     case 'file':
       return wrap(h('span', { class: 'chip', text: `File: ${p.part.name || 'file'} (${p.part.file?.mimeType || 'file'})` }));
     default:
       return wrap(h('span', { class: 'muted', text: '(a part this page does not show)' }));
   }
+}
+
+// Safe: rendered on the server with raw HTML off and images as links (/api/render).
+function markdownDiv(html) {
+  const div = h('div', { class: 'markdown' });
+  div.innerHTML = html;
+  for (const pre of div.querySelectorAll('pre')) {
+    const box = h('div', { class: 'code-block' });
+    const lang = /language-(\S+)/.exec(pre.querySelector('code')?.className || '')?.[1];
+    pre.replaceWith(box);
+    box.append(h('div', { class: 'code-head' }, h('span', { class: 'lang', text: lang || 'code' }),
+      h('button', { type: 'button', class: 'ghost copy', text: 'Copy', 'aria-label': 'Copy code', onclick: (ev) => copyText(pre.textContent, ev.currentTarget) })), pre);
+  }
+  return div;
+}
+
+async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+    if (button) {
+      const was = button.textContent;
+      button.textContent = 'Copied';
+      setTimeout(() => { button.textContent = was; }, 1500);
+    }
+    announce('Copied');
+  } catch (err) {
+    console.warn('copy failed', err);
+    announce('Could not copy: the browser refused the clipboard.');
+  }
+}
+
+// An attached image, fetched with the token (getBlob) and shown from a blob: URL.
+function imagePreview(part) {
+  const alt = part.alt || 'image';
+  const cid = part.image?.ref?.$link;
+  const fig = h('figure', { class: 'image-preview' });
+  const img = h('img', { alt, loading: 'lazy' });
+  fig.append(img, h('figcaption', { class: 'muted', text: alt === 'image' ? (part.image?.mimeType || 'image') : alt }));
+  if (!cid || !state.did) return fig;
+  let url = state.blobs.get(cid);
+  if (!url) {
+    url = api(`/xrpc/com.atproto.sync.getBlob?did=${encodeURIComponent(state.did)}&cid=${encodeURIComponent(cid)}`, { raw: true })
+      .then((res) => res.blob()).then((b) => URL.createObjectURL(b));
+    state.blobs.set(cid, url);
+    url.then((u) => state.blobs.set(cid, u)).catch((err) => { state.blobs.delete(cid); console.warn('image not loaded', err); });
+  }
+  Promise.resolve(url).then((u) => { img.src = u; }).catch(() => {});
+  return fig;
 }
 
 // Finished text parts get their Markdown rendered once, on the server.
@@ -616,12 +905,32 @@ function apply(st, ev) {
     case 'delta': {
       const p = st.parts[d.index] || (st.parts[d.index] = { type: 'text', text: '' });
       p.text += d.text;
+      if (p.type === 'text') renderBlocksSoon(st, d.index);
       structural = false;
       break;
     }
-    case 'part': st.parts[d.index] = { type: PART_TYPES[d.part.$type] || 'unknown', part: d.part, done: true }; break;
+    case 'part': {
+      const prev = st.parts[d.index];
+      st.parts[d.index] = { type: PART_TYPES[d.part.$type] || 'unknown', part: d.part, done: true };
+      if (prev?.part?.approval && !d.part.approval) st.parts[d.index].part = { ...d.part, approval: prev.part.approval };
+      break;
+    }
+    case 'approval': {
+      const p = st.parts[d.index];
+      const part = p?.part || { $type: `${DEFS}#toolCallPart`, callId: d.callId, tool: d.tool, input: d.input };
+      st.parts[d.index] = { type: 'toolCall', part: { ...part, approval: 'pending' }, done: true };
+      announce(`${d.tool} asks for approval`);
+      break;
+    }
+    case 'step': case 'retry': case 'fallback': case 'context': {
+      const list = state.traces.get(st.key) || [];
+      list.push({ event: ev.event, data: d });
+      state.traces.set(st.key, list);
+      break;
+    }
     case 'status':
       st.final = d;
+      state.finals.set(st.key, d);
       // What the stream showed, kept for the finished reply (data-stream-text) with its time.
       state.finished.set(st.key, { ms: Date.now() - st.started, text: st.parts.filter((p) => p.type === 'text').map((p) => p.text).join('') });
       stopStream(st);
@@ -633,8 +942,55 @@ function apply(st, ev) {
     redrawReply(st.key);
   } else {
     const el = document.querySelector(`li[data-key="${CSS.escape(st.key)}"] [data-part="${d.index}"] .plain`);
-    if (el) { el.textContent = st.parts[d.index].text; scrollToEnd(); } else redrawReply(st.key);
+    if (el) { el.textContent = st.parts[d.index].text.slice(st.parts[d.index].upto || 0); scrollToEnd(); } else redrawReply(st.key);
   }
+}
+
+// Where the finished blocks of a streaming text end: after the last blank line that is not
+// inside a fenced code block (the block after it may still change as tokens arrive).
+function blockEnd(text) {
+  let fence = null;
+  let end = 0;
+  let at = 0;
+  for (const line of text.split('\n')) {
+    const next = at + line.length + 1;
+    const mark = /^ {0,3}(`{3,}|~{3,})/.exec(line);
+    if (mark) {
+      if (!fence) fence = mark[1][0];
+      else if (mark[1][0] === fence) fence = null;
+    } else if (!fence && line.trim() === '' && next <= text.length) {
+      end = next;
+    }
+    at = next;
+  }
+  return end;
+}
+
+// Render the blocks finished since the last batch, at most once per RENDER_EVERY_MS and one
+// request at a time per part: each block is sent to /api/render once, never the whole reply.
+function renderBlocksSoon(st, index) {
+  const p = st.parts[index];
+  if (p.rendering || p.renderTimer) return;
+  p.renderTimer = setTimeout(async () => {
+    p.renderTimer = null;
+    const upto = p.upto || 0;
+    const end = blockEnd(p.text);
+    if (end <= upto || st.final || st.stopped) return;
+    p.rendering = true;
+    try {
+      const { html } = await api('/api/render', { method: 'POST', json: { texts: [p.text.slice(upto, end)] } });
+      if ((p.upto || 0) === upto) {
+        p.chunks = [...(p.chunks || []), html[0]];
+        p.upto = end;
+        if (!st.final) redrawReply(st.key);
+      }
+    } catch (err) {
+      console.warn('streaming render failed; the text stays plain', err);
+    } finally {
+      p.rendering = false;
+    }
+    if (blockEnd(p.text) > (p.upto || 0)) renderBlocksSoon(st, index);
+  }, RENDER_EVERY_MS);
 }
 
 function saveSoon(st) {
@@ -644,7 +1000,8 @@ function saveSoon(st) {
 
 function saveStream(st) {
   if (st.final || st.stopped) return;
-  const { id, parts, queued, started } = st;
+  const { id, queued, started } = st;
+  const parts = st.parts.map(({ renderTimer, rendering, ...kept }) => kept);
   sessionStorage.setItem(streamKey(st.skey, st.key), JSON.stringify({ id, parts, queued, started }));
 }
 
@@ -669,8 +1026,10 @@ async function send(ev) {
   $('send').disabled = true;
   try {
     if (!state.skey) {
-      // The first line of the first message names the conversation (turnd makes no titles).
-      const title = (text.split('\n')[0] || state.attachments[0]?.name || '').slice(0, 80);
+      // turnd names the conversation after its first reply (a generated title); with title
+      // generation turned off in the settings, the first line of the first message does.
+      const title = state.preferences.generateTitles === false
+        ? (text.split('\n')[0] || state.attachments[0]?.name || '').slice(0, 80) : '';
       const { skey } = await api('/api/conversations', { method: 'POST', json: title ? { title } : {} });
       await selectConversation(skey);
     }
@@ -773,18 +1132,81 @@ function closeMenu() {
 
 // -- wiring ----------------------------------------------------------------------------------
 
-async function poll() {
-  for (;;) {
-    await sleep(POLL_MS);
-    if (!state.token || document.visibilityState !== 'visible') continue;
+// -- live record events (GET /api/events, /api/conversations/{skey}/events) --------------------
+
+// Follows an event stream with fetch (EventSource cannot send the token), resuming after
+// the last event id it saw; until ctrl is aborted.
+async function followEvents(path, ctrl, onEvent) {
+  let last = null;
+  let delay = 500;
+  while (!ctrl.signal.aborted && state.token) {
     try {
-      await loadConversation();
-      followPending();
-      await loadConversations();
+      const res = await fetch(last === null ? path : `${path}?lastEventId=${last}`, {
+        headers: { Authorization: `Bearer ${state.token}`, Accept: 'text/event-stream' },
+        signal: ctrl.signal, cache: 'no-store',
+      });
+      if (res.status === 401) return signOut('The token was refused; sign in again.');
+      if (res.status === 404) return; // the conversation is gone
+      if (!res.ok) throw new Error(`events: HTTP ${res.status}`);
+      delay = 500;
+      await readEvents(res.body, (ev) => {
+        if (ev.id !== null) last = ev.id;
+        onEvent(ev);
+      });
     } catch (err) {
-      console.warn('poll failed', err);
+      if (ctrl.signal.aborted) return;
+      console.warn('event stream dropped, resuming', err);
     }
+    await sleep(delay);
+    delay = Math.min(delay * 2, 8000);
   }
+}
+
+// Coalesces a burst of events into one reload.
+function debounce(fn, ms) {
+  let timer = null;
+  return () => { clearTimeout(timer); timer = setTimeout(fn, ms); };
+}
+
+let accountCtrl = null;
+const reloadList = debounce(() => loadConversations().catch(console.warn), 150);
+function followAccount() {
+  accountCtrl?.abort();
+  accountCtrl = new AbortController();
+  followEvents('/api/events', accountCtrl, (ev) => {
+    if (ev.event !== 'conversation') return;
+    const { action, skey, title } = ev.data;
+    if (action === 'delete' && skey === state.skey) selectConversation(null);
+    const known = state.conversations.find((c) => c.skey === skey);
+    if (known && action !== 'delete' && title !== undefined && title !== null) {
+      known.title = title;
+      renderConversations();
+    }
+    reloadList();
+  });
+}
+
+const reloadConversation = debounce(() => {
+  loadConversation().then(() => followPending()).catch(console.warn);
+}, 60);
+function followConversation(skey) {
+  if (state.convEvents?.skey === skey) return;
+  state.convEvents?.ctrl.abort();
+  state.convEvents = null;
+  if (!skey) return;
+  const ctrl = new AbortController();
+  state.convEvents = { skey, ctrl };
+  followEvents(`/api/conversations/${skey}/events`, ctrl, (ev) => {
+    if (state.skey !== skey) return;
+    if (ev.event === 'title') {
+      if (state.info) state.info.title = ev.data.title;
+      const known = state.conversations.find((c) => c.skey === skey);
+      if (known) known.title = ev.data.title;
+      renderConversations();
+    } else if (ev.event === 'record') {
+      reloadConversation();
+    }
+  });
 }
 
 function main() {
@@ -819,8 +1241,18 @@ function main() {
     if (skey !== state.skey && state.token) selectConversation(skey);
   });
   window.addEventListener('pagehide', () => { for (const st of state.streams.values()) saveStream(st); });
+  window.addEventListener('scroll', () => {
+    const main = document.scrollingElement;
+    atBottom = main.scrollHeight - main.scrollTop - main.clientHeight < 80;
+  }, { passive: true });
+  // A rotated phone or a resized window reflows the thread: stay at the newest message.
+  window.addEventListener('resize', () => { if (atBottom) scrollToEnd(true); });
+  $('settings-btn').addEventListener('click', openSettings);
+  $('settings-form').addEventListener('submit', saveSettings);
+  $('settings-close').addEventListener('click', () => $('settings').close());
+  const searchSoon = debounce(() => loadConversations().catch(showError), 200);
+  $('search').addEventListener('input', () => { state.search = $('search').value.trim(); searchSoon(); });
   if (state.token) signIn(state.token); else showSignIn();
-  poll();
 }
 
 main();
