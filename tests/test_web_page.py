@@ -212,9 +212,20 @@ def test_titles_rename_delete_and_search(page: Any, api: httpx.Client) -> None:
     listed = api.get("/api/conversations", params={"q": "grandma"}).json()["conversations"]
     assert [c["skey"] for c in listed] == [apple]
 
-    # Renamed elsewhere: the page hears it on /api/events.
+    # Renamed elsewhere while open: the list hears it on /api/events, the header on the
+    # conversation's own event stream.
+    page.locator(f'.conversation[data-skey="{pear}"]').click()
+    page.wait_for_url(f"**/#c={pear}")
     api.patch(f"/api/conversations/{pear}", json={"title": "Pears, renamed elsewhere"})
     page.locator(f'.conversation[data-skey="{pear}"] .title', has_text="renamed elsewhere").wait_for()
+    from playwright.sync_api import expect
+
+    expect(page.locator("#conv-title")).to_have_text("Pears, renamed elsewhere")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.get_by_role("button", name="Conversations").click()
+    shot(page, "30-phone-drawer-actions")
+    page.keyboard.press("Escape")
+    page.set_viewport_size({"width": 1200, "height": 800})
 
     page.once("dialog", lambda d: d.accept())
     page.get_by_role("button", name="Delete Grandma's apple pie").click()
@@ -305,6 +316,9 @@ def test_tool_picker_and_approval_cards(page: Any, api: httpx.Client, tools: Htt
     card.wait_for()
     assert '"city": "Oslo"' in card.locator("pre").inner_text()
     shot(page, "27-approval-card")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "31-phone-approval-card")
+    page.set_viewport_size({"width": 1200, "height": 800})
     before = len(tools.requests)
     card.get_by_role("button", name="Approve").click()
     wait_status(reply, "complete")
