@@ -372,8 +372,10 @@ def test_image_attachment_preview(page: Any, tmp_path: Path) -> None:
     user = page.locator("li.message.user").last
     img = user.locator(".image-preview img")
     img.wait_for()
+    # The live element (the thread may have been re-rendered since): loaded, 40 px wide.
     page.wait_for_function(
-        "(el) => el.complete && el.naturalWidth === 40", arg=img.element_handle()
+        "() => { const el = [...document.querySelectorAll('li.user .image-preview img')].at(-1);"
+        " return el && el.complete && el.naturalWidth === 40; }"
     )
     assert img.get_attribute("src").startswith("blob:")
     wait_status(last_reply(page), "complete")

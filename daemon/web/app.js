@@ -752,7 +752,7 @@ function imagePreview(part) {
   const alt = part.alt || 'image';
   const cid = part.image?.ref?.$link;
   const fig = h('figure', { class: 'image-preview' });
-  const img = h('img', { alt, loading: 'lazy' });
+  const img = h('img', { alt }); // not lazy: a re-rendered thread would leave it unloaded
   fig.append(img, h('figcaption', { class: 'muted', text: alt === 'image' ? (part.image?.mimeType || 'image') : alt }));
   if (!cid || !state.did) return fig;
   let url = state.blobs.get(cid);
