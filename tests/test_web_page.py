@@ -399,3 +399,24 @@ def test_follows_event_streams_instead_of_polling(page: Any, api: httpx.Client) 
     assert len(after) > len(reads)  # read again because an event said so
     assert "setInterval" not in page.evaluate("fetch('/app.js').then((r) => r.text())")
     assert SHOTS.exists()
+
+
+def test_settings_show_the_servers_refusal(page: Any, api: httpx.Client) -> None:
+    before = api.get("/api/preferences").json()["preferences"]
+    page.get_by_role("button", name="Settings").click()
+    # Past the field's maxlength (as a script or an old browser could): the lexicon refuses it.
+    page.evaluate("document.getElementById('pref-timezone').value = 'Z'.repeat(200)")
+    page.get_by_role("button", name="Save").click()
+    error = page.locator("#settings-error")
+    from playwright.sync_api import expect
+
+    expect(error).to_contain_text("timezone")
+    assert page.locator("#settings").is_visible()
+    assert api.get("/api/preferences").json()["preferences"] == before
+    # The refused PUT is the one failure this test asked for (its response, and Chromium's
+    # console line about it); anything else still fails the test.
+    expected = [p for p in page.problems if "422" in p]
+    assert expected and all("preferences" in p or "422" in p for p in expected), page.problems
+    page.problems[:] = [p for p in page.problems if p not in expected]
+    page.get_by_role("button", name="Close").click()
+    page.locator("#settings").wait_for(state="hidden")
