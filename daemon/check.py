@@ -23,6 +23,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return fail(f"config error: {err}", EXIT_CONFIG)
     where = str(config.path) if config.path else "embedded defaults (no turnd.toml)"
     print(f"ok    config    {where}")
+    for warning in config.warnings:
+        print(f"warn  config    {warning}")
     results = anyio.run(_checks, config)
     for ok, what, detail in results:
         label = ok if isinstance(ok, str) else "ok" if ok else "FAIL"
@@ -36,7 +38,7 @@ async def _checks(config: Config) -> list[tuple[bool | str, str, str]]:
 
     results: list[tuple[bool | str, str, str]] = [await _check_store(config)]
     for provider in config.providers.values():
-        results.append(await _check_provider(config, provider))
+        results.append(await check_provider(config, provider))
     from daemon.tools_check import check_tools
 
     results += await check_tools(config)
@@ -64,7 +66,13 @@ async def _check_store(config: Config) -> tuple[bool, str, str]:
         return False, "store", f"{config.store_kind}: {short(err, config.secrets())}"
 
 
-async def _check_provider(config: Config, provider: Any) -> tuple[bool, str, str]:
+LISTED_AT_MOST = 20  # model ids printed for a provider without a `models` list
+
+
+async def check_provider(
+    config: Config, provider: Any, *, within: float = 10
+) -> tuple[bool, str, str]:
+    """(ok, "provider", one line naming the provider): its /models, never its key."""
     import openai
 
     name = f"{provider.name} [{provider.label}]" if provider.label else provider.name
@@ -85,7 +93,7 @@ async def _check_provider(config: Config, provider: Any) -> tuple[bool, str, str
         base_url=provider.base_url if provider.name != ECHO else "http://echo/echo/v1",
         api_key=provider.api_key or "none",
         max_retries=0,
-        timeout=10,
+        timeout=within,
         http_client=http_client,
     )
     try:
@@ -97,4 +105,9 @@ async def _check_provider(config: Config, provider: Any) -> tuple[bool, str, str
     missing = [m for m in provider.models if m not in ids]
     note = f"; not listed: {', '.join(missing)}" if missing else ""
     count = f"{len(ids)} model" + ("" if len(ids) == 1 else "s")
+    if not provider.models and ids:
+        # No `models` list: the page offers what /models answers, so show it here too.
+        shown = ", ".join(ids[:LISTED_AT_MOST])
+        more = f", … {len(ids) - LISTED_AT_MOST} more" if len(ids) > LISTED_AT_MOST else ""
+        count += f" ({shown}{more})"
     return True, "provider", f"{name} {where}: {count}{note}"

@@ -3,14 +3,16 @@
 ``init`` (:mod:`daemon.starter`), ``send`` (:mod:`daemon.send`) and ``check``
 (:mod:`daemon.check`) are modules of their own.
 
-Exit codes: 0 success; 1 a runtime failure (a port taken, a check that failed, a reply
-that ended in ``error``); 2 a bad config or bad command line, reported in one line
+Exit codes: 0 success (a bare ``turnd`` prints the help and exits 0); 1 a runtime
+failure (a port taken, a check that failed, a reply that ended in ``error``, a daemon
+that cannot be reached); 2 a bad config or bad command line, reported in one line
 before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -22,6 +24,7 @@ from daemon.accounts import CREDENTIALS_FILE, Account, ensure_credentials
 from daemon.check import cmd_check
 from daemon.config import Config, load_config
 from daemon.config_file import ConfigError
+from daemon.echo import ECHO
 from daemon.exits import EXIT_CONFIG, EXIT_OK, fail, leaf
 from daemon.send import cmd_send
 from daemon.starter import cmd_init
@@ -45,6 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return fail(f"config error: {err}", EXIT_CONFIG)
 
     setup_logging(args.log_format, secrets=config.secrets())
+    for warning in config.warnings:
+        print(f"turnd: warning: {warning}", file=sys.stderr, flush=True)
     if created is not None:
         print(
             f"turnd: created account {created.handle} ({created.did}) "
@@ -53,19 +58,76 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    def ready(svc: Service) -> None:
-        print(f"turnd: {_how_to_reach(svc.config, svc.port, created)}", flush=True)
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+
+            def ready(svc: Service) -> None:
+                print(f"turnd: {_how_to_reach(svc.config, svc.port, created)}", flush=True)
+                for line in _next_steps(svc.config, svc.port, created):
+                    print(f"turnd: {line}", flush=True)
+                tg.start_soon(warn_if_unreachable, svc.config)
+
+            await service.run(on_ready=ready)
+            tg.cancel_scope.cancel()  # a probe still waiting for its provider
 
     try:
-        anyio.run(lambda: service.run(on_ready=ready))
+        anyio.run(run)
     except BaseException as exc:  # noqa: BLE001 - unwrap anyio's groups for one line
         error = leaf(exc)
         if isinstance(error, ServiceError | ConfigError):
             return fail(str(error))
-        if isinstance(error, KeyboardInterrupt):
+        if _interrupted(exc):
             return 130
         raise
     return EXIT_OK
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C anywhere in anyio's groups: exit 130 without a traceback."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_interrupted(e) for e in exc.exceptions)
+    return False
+
+
+PROBE_SECONDS = 5.0  # how long serve's start-up check of the default provider waits
+
+
+async def warn_if_unreachable(config: Config) -> None:
+    """Warn (once, at start) when the default model's provider does not answer."""
+    from daemon.check import check_provider
+
+    name = config.default_model.split(":", 1)[0]
+    provider = config.providers[name]
+    if name == ECHO:
+        return  # served by this very process
+    ok, _, detail = await check_provider(config, provider, within=PROBE_SECONDS)
+    if not ok:
+        print(
+            f"turnd: warning: the default model's provider cannot be reached: {detail} "
+            "(turns on it fail until it answers)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _next_steps(config: Config, port: int | None, created: Account | None) -> list[str]:
+    """The page's URL and, on the embedded defaults, the line that sets $TURND_ME_TOKEN."""
+    lines = []
+    if config.web:
+        lines.append(f"the chat page: {config.http_url(port)}/ (sign in with the token)")
+    if config.generated_account and config.accounts:
+        account = config.accounts[0]
+        var = f"TURND_{account.name.upper()}_TOKEN"
+        if created is not None:
+            value = account.token
+        else:
+            # Later starts do not print the secret again; the line reads it from the file.
+            path = shlex.quote(str(config.store_path / CREDENTIALS_FILE))
+            value = f"""$(sed -n 's/.*"token": "\\(.*\\)".*/\\1/p' {path})"""
+        lines.append(f"for the README's curl examples: export {var}={value}")
+    return lines
 
 
 def _how_to_reach(config: Config, port: int | None, created: Account | None) -> str:
@@ -103,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"turnd {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -147,8 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("turnd")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()  # a bare `turnd`: what it can do, exit 0
+        return EXIT_OK
     return int(args.func(args))
 
 

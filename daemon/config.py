@@ -25,7 +25,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -109,6 +109,7 @@ class Config:
     # SPEC §18: set with [cluster] redis_url_env; a secret (it may hold a password).
     redis_url: str | None = field(default=None, repr=False)
     redis_url_env: str | None = None
+    warnings: list[str] = field(default_factory=list)  # e.g. unknown TURND_* variables
 
     @property
     def base_url(self) -> str:
@@ -198,7 +199,10 @@ def load_config(
     env: Mapping[str, str] | None = None,
 ) -> Config:
     """Find, parse, override and validate the config. Raises :class:`ConfigError`."""
-    env = os.environ if env is None else env
+    from daemon.config_hints import RecordingEnv, env_file_hint, unknown_variables
+
+    raw_env = os.environ if env is None else env
+    env = RecordingEnv(raw_env)  # notes what is read, for the unknown TURND_* warning
     file_path, explicit = resolve_config_path(path, env)
     if file_path.is_file():
         data = read_toml(file_path)
@@ -210,7 +214,15 @@ def load_config(
         data = embedded_defaults(env)
         config_path = None
         base_dir = Path.cwd()
-    return build_config(data, env=env, path=config_path, base_dir=base_dir)
+    try:
+        config = build_config(data, env=env, path=config_path, base_dir=base_dir)
+    except ConfigError as err:
+        raise ConfigError(env_file_hint(str(err), config_path)) from None
+    if config.generated_account or (config.store_kind == "local" and not config.accounts):
+        # The README's `export TURND_ME_TOKEN=…` (and its password) for the generated account.
+        for name in [a.name for a in config.accounts] or ["me"]:
+            env.asked |= {f"TURND_{name.upper()}_TOKEN", f"TURND_{name.upper()}_PASSWORD"}
+    return replace(config, warnings=unknown_variables(raw_env, env.asked))
 
 
 def build_config(
@@ -229,7 +241,13 @@ def build_config(
     try:
         turns = TurnSettings.from_toml(parsed.turns)
     except ValueError as err:
-        raise ConfigError(str(err).splitlines()[0]) from None
+        message = str(err).splitlines()[0]
+        if message.endswith(": unknown setting"):
+            from daemon.config_file import _TURNS_KEYS
+            from daemon.config_hints import did_you_mean
+
+            message += did_you_mean(message.split(":")[0].removeprefix("turns."), _TURNS_KEYS)
+        raise ConfigError(message) from None
 
     store = parsed.store
     store_path = _resolve_path(base_dir, store.path)

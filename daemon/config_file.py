@@ -298,7 +298,10 @@ def first_error(err: ValidationError) -> str:
     where = ".".join(str(p) for p in first["loc"]) or "config"
     kind = first["type"]
     if kind == "extra_forbidden":
-        return f"{where}: unknown key"
+        from daemon.config_hints import did_you_mean, known_keys
+
+        hint = did_you_mean(str(first["loc"][-1]), known_keys(FileModel, tuple(first["loc"])))
+        return f"{where}: unknown key{hint}"
     if kind == "missing":
         return f"{where}: required key is missing"
     message = first["msg"].removeprefix("Value error, ")

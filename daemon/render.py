@@ -47,7 +47,10 @@ class _Worker:
 
     async def kill(self) -> None:
         with anyio.CancelScope(shield=True):
-            self.process.kill()
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass  # it had ended already (a signal to the whole process group)
             await self.process.aclose()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 from daemon.markdown import render_many
@@ -29,6 +30,9 @@ def main() -> int:
     # Below the daemon's priority: a long render takes the CPU the server leaves, so
     # other requests are not slowed by it (on a machine with few cores).
     os.nice(10)
+    # A terminal's Ctrl-C reaches the whole process group: the daemon decides when a
+    # worker ends (it closes stdin or kills it), so the worker prints no traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         header = _read(stdin, 8)

@@ -20,7 +20,7 @@ from httpx_sse import aconnect_sse
 from daemon.accounts import Account
 from daemon.config import Config, load_config
 from daemon.config_file import ConfigError
-from daemon.exits import EXIT_CONFIG, EXIT_OK, fail, leaf, short
+from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, leaf, short
 from recordstore.times import now_iso
 from recordstore.vocabulary import CONVERSATION, PLAIN_CONTENT, TEXT_PART
 
@@ -40,6 +40,12 @@ def cmd_send(args: argparse.Namespace) -> int:
         provider, sep, model_id = args.model.partition(":")
         if not sep or not provider or not model_id:
             return fail("--model: expected PROVIDER:ID", EXIT_CONFIG)
+        if provider not in config.providers:
+            known = ", ".join(sorted(config.providers))
+            return fail(
+                f"--model {args.model}: no provider {provider!r} in the config (known: {known})",
+                EXIT_CONFIG,
+            )
         model = {"provider": provider, "id": model_id}
     try:
         return anyio.run(_send, config, account, args, model)
@@ -47,9 +53,36 @@ def cmd_send(args: argparse.Namespace) -> int:
         error = leaf(exc)
         if isinstance(error, KeyboardInterrupt):
             return 130
+        if isinstance(error, SendRefused):
+            return fail(str(error), error.code)
         if isinstance(error, Exception):
             return fail(f"send failed: {short(error, config.secrets())}")
         raise
+
+
+class SendRefused(Exception):
+    """A one-line reason to stop, written before (or instead of) any record."""
+
+    def __init__(self, message: str, code: int = EXIT_FAIL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+REACH_SECONDS = 3.0  # the daemon's /healthz must answer within this
+
+
+async def _reachable(base_url: str) -> bool:
+    """Whether a turnd answers at ``base_url`` (any HTTP answer counts)."""
+    try:
+        async with httpx.AsyncClient(timeout=REACH_SECONDS) as http:
+            await http.get(f"{base_url}/healthz")
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def _unreachable(base_url: str) -> SendRefused:
+    return SendRefused(f"cannot reach turnd at {base_url} — is `turnd serve` running?")
 
 
 def _pick_account(config: Config, name: str | None) -> Account | str:
@@ -75,6 +108,9 @@ async def _send(
     from recordstore import CONVERSATION_REF, INFO, MESSAGE, SETTINGS_SPACE
     from recordstore.keys import new_tid, repo_rkey
 
+    # Nothing is written when no daemon would answer it.
+    if not await _reachable(config.base_url):
+        raise _unreachable(config.base_url)
     # The stock SDK, against turnd's own XRPC (local store) or the PDS itself.
     xrpc_url = config.base_url if config.store_kind == "local" else str(config.store_service)
     client = AsyncClient(base_url=xrpc_url)
@@ -104,7 +140,18 @@ async def _send(
         )
         print(f"turnd: conversation {skey}", file=sys.stderr, flush=True)
     else:
+        from recordstore.keys import validate_space_key
+
+        try:
+            validate_space_key(skey)
+        except ValueError as err:
+            raise SendRefused(f"--conversation {skey}: {err}", EXIT_CONFIG) from None
         parent = await _branch_tip(repo, did, skey)
+        if parent is None and not await _has_info(repo, did, skey):
+            raise SendRefused(
+                f"--conversation {skey}: no such conversation (see GET /api/conversations)",
+                EXIT_CONFIG,
+            )
 
     generation: dict[str, Any] = {"attempt": 0}
     if model:
@@ -160,6 +207,19 @@ async def _print_title(repo: Any, did: str, skey: str) -> None:
                 print(f"turnd: title {info['title']!r}", file=sys.stderr, flush=True)
                 return
             await anyio.sleep(0.02)
+
+
+async def _has_info(repo: Any, did: str, skey: str) -> bool:
+    from atproto_client.exceptions import BadRequestError
+
+    from recordstore import INFO
+    from recordstore.keys import repo_rkey
+
+    try:
+        await repo.get_record({"repo": did, "collection": INFO, "rkey": repo_rkey(skey, "self")})
+    except BadRequestError:  # RecordNotFound, or a key that cannot be one (InvalidRequest)
+        return False
+    return True
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -229,6 +289,7 @@ async def _follow_reply(
         while True:
             status: str | None = None
             error: str | None = None
+            broke = False  # the connection failed (not a 404 before the claim)
             if headers is not None:
                 try:
                     async for ev_id, event, data in _sse(http, url, headers, last_id):
@@ -241,17 +302,31 @@ async def _follow_reply(
                             print("turnd: queued (rate limit)", file=sys.stderr, flush=True)
                         elif event == "status":
                             status, error = data.get("status"), data.get("error")
+                except httpx.TransportError:
+                    broke = True  # the daemon may have gone away: asked below
                 except (httpx.HTTPError, ValueError):
-                    pass  # not claimed yet, or the stream broke: fall back to the record
+                    pass  # not claimed yet: fall back to the record
             if status in FINAL and printed:
                 break
+            from atproto_client.exceptions import NetworkError
+
             try:
                 got = await repo.get_record(
                     {"repo": did, "collection": MESSAGE, "rkey": repo_rkey(skey, reply)}
                 )
                 value = _value(got)
+            except NetworkError:
+                broke, value = True, {}
             except Exception:  # noqa: BLE001 - RecordNotFound until the claim lands
                 value = {}
+            if broke and status not in FINAL and not await _reachable(config.base_url):
+                # A daemon that died mid-reply refuses connections at once: say so now
+                # rather than polling until --timeout.
+                if printed and not printed.endswith("\n"):
+                    sys.stdout.write("\n")
+                raise SendRefused(
+                    f"lost turnd at {config.base_url} mid-reply — is `turnd serve` still running?"
+                )
             if value.get("status") in FINAL:
                 text = _record_text(value)
                 rest = text[len(printed) :] if text.startswith(printed) else "\n" + text

@@ -65,13 +65,16 @@ def router(service: Any) -> APIRouter:
     """The page's /api routes; each needs the same bearer token as the rest of /api."""
     api = APIRouter(prefix="/api", tags=["web"])
     pool = RenderPool()
+    from daemon.provider_models import ProviderModels
+
+    offered = ProviderModels()  # providers without a `models` list: their /models, cached
     api.render_pool = pool  # type: ignore[attr-defined]  # closed by create_app's owner
 
     @api.get("/models")
     async def models(acct: AccountDep) -> dict[str, Any]:
         # The account's DID too: the page fetches attached images with getBlob(did, cid).
         return {
-            "models": list_models(service.config),
+            "models": await offered.list(service.config),
             "default": service.config.default_model,
             "did": acct.did,
         }
@@ -89,20 +92,6 @@ def router(service: Any) -> APIRouter:
             return JSONResponse({"error": "TooComplex", "message": str(err)}, status_code=422)
 
     return api
-
-
-def list_models(config: Any) -> list[dict[str, str]]:
-    """One entry per (provider, model): the provider's listed models, else its default."""
-    default_provider, _, default_id = config.default_model.partition(":")
-    out: list[dict[str, str]] = []
-    for name, provider in config.providers.items():
-        ids = list(provider.models)
-        if not ids and name == default_provider:
-            ids = [default_id]
-        label = provider.label or name
-        for model_id in ids:
-            out.append({"provider": name, "id": model_id, "label": f"{label} · {model_id}"})
-    return out
 
 
 # -- the page --------------------------------------------------------------------------------

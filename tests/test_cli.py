@@ -157,10 +157,12 @@ def test_serve_on_embedded_defaults_then_send_hello(tmp_path: Path, serve: Any) 
     assert len(users) == 2 and messages[users[1]]["parent"] == f"{users[0]}.r0"
     assert messages[f"{users[1]}.r0"]["status"] == "complete"
 
-    # an unknown provider ends the reply in error: non-zero exit, reason on stderr
+    # an unknown provider is refused before anything is written (SPEC §17)
     failed = turnd("send", "--model", "nope:x", "hi", cwd=work, env=env)
-    assert failed.returncode == 1
-    assert "the reply ended in error" in failed.stderr and "nope" in failed.stderr
+    assert failed.returncode == 2
+    assert failed.stderr == (
+        "turnd: --model nope:x: no provider 'nope' in the config (known: echo)\n"
+    )
 
     checked = turnd("check", cwd=work, env=env)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -175,7 +177,7 @@ def test_serve_on_embedded_defaults_then_send_hello(tmp_path: Path, serve: Any) 
     assert "turnd.service stopped" in logs
     # one line per turn, with the fields the spec asks for
     turns = [ln for ln in logs.splitlines() if " turnd.turns turn " in ln]
-    assert len(turns) == 3
+    assert len(turns) == 2  # the third send (--model nope:x) was refused
     assert all(re.search(r"conversation=\S+ key=\S+\.r0 model=\S+ status=\w+", ln) for ln in turns)
     assert "status=complete" in turns[0] and "ttft_ms=" in turns[0] and "output_tokens=" in turns[0]
     # secrets are printed once on stdout, never in the logs
@@ -230,10 +232,13 @@ def test_init_then_serve_with_json_logs(tmp_path: Path, serve: Any) -> None:
     again = turnd("init", "--config", str(conf), cwd=tmp_path, env=clean_env())
     assert again.returncode == 1 and "already exists" in again.stderr
 
-    # without the secrets exported, serve refuses in one line
+    # without the secrets exported, serve refuses in one line pointing at turnd.env
     refused = turnd("serve", "--config", str(conf), cwd=tmp_path, env=clean_env())
     assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1
     assert "accounts.me.password_env: environment variable TURND_ME_PASSWORD" in refused.stderr
+    assert f"it is in {env_file}" in refused.stderr
+    assert f"set -a; . {env_file}; set +a" in refused.stderr
 
     env = clean_env(TURND_ME_PASSWORD=password.group(1), TURND_ME_TOKEN=token.group(1))
     env["TURND_HTTP_LISTEN"] = f"127.0.0.1:{port}"

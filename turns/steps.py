@@ -120,6 +120,7 @@ class StepCaller:
                 outcome = "ok"
                 return result
             except ModelFailed as failure:
+                _name_provider(failure, candidate.ref["provider"])
                 error = str(failure)
                 if failure.started or self._at + 1 >= len(self._candidates):
                     outcome = "error"
@@ -149,3 +150,14 @@ class StepCaller:
         if self._observer is None:
             return NO_SPAN
         return self._observer.tool_span(name, call_id, arguments)
+
+
+def _name_provider(failure: ModelFailed, provider: str) -> None:
+    """Name the provider in a failure's text (its name, never its key).
+
+    With fallbacks and several providers, "could not reach the model provider" alone
+    does not say which one to look at.
+    """
+    text = str(failure)
+    if "the model provider" in text and f'"{provider}"' not in text:
+        failure.args = (text.replace("the model provider", f'the model provider "{provider}"', 1),)
