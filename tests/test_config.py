@@ -349,9 +349,9 @@ token_env = "ME_TOKEN"
 
 def test_secrets_in_the_file_are_refused(tmp_path: Path) -> None:
     path = write(tmp_path, '[providers.x]\nbase_url = "http://x/v1"\napi_key = "sk-inline"\n')
-    assert error_of(path) == "providers.x.api_key: unknown key"
+    assert error_of(path) == "providers.x.api_key: unknown key (did you mean `api_key_env`?)"
     path = write(tmp_path, '[accounts.me]\nhandle = "me.test"\npassword = "inline"\n')
-    assert error_of(path) == "accounts.me.password: unknown key"
+    assert error_of(path) == "accounts.me.password: unknown key (did you mean `password_env`?)"
 
 
 def test_first_start_credentials_are_0600_and_made_once(tmp_path: Path) -> None:
@@ -437,7 +437,9 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
     args = [command, "--config", "turnd.toml"] + (["hi"] if command == "send" else [])
     result = run_turnd(*args, cwd=tmp_path, env=clean_env())
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["turnd: config error: http.lisen: unknown key"]
+    assert result.stderr.strip().splitlines() == [
+        "turnd: config error: http.lisen: unknown key (did you mean `listen`?)"
+    ]
     assert not (tmp_path / "turnd-data").exists()  # nothing started
 
 
