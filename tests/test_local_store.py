@@ -28,6 +28,7 @@ from recordstore import (
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import DB_NAME, LocalStore
+from tests.support.records import stored_message as message
 from tests.support.strategies import valid_messages
 
 pytestmark = pytest.mark.anyio
@@ -37,17 +38,6 @@ SPACE = "3m2a4b5c6d7e2"
 _spawn = multiprocessing.get_context("spawn")
 
 
-def message(text: str = "hello", **extra: Any) -> dict[str, Any]:
-    return {
-        "$type": MESSAGE,
-        "role": "user",
-        "content": {
-            "$type": "network.sharedcomputer.chat.defs#plainContent",
-            "parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": text}],
-        },
-        "createdAt": "2026-01-01T00:00:00.000Z",
-        **extra,
-    }
 
 
 def _big_message() -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 import pytest
@@ -25,6 +24,7 @@ from recordstore.pds import PdsAccount, PdsStore
 from recordstore.write import BlobRefError
 from testbed.pds import Account, PdsServer
 from testbed.ports import free_port
+from tests.support.records import stored_message as message
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pds]
 
@@ -32,17 +32,6 @@ SPACE = "3m2a4b5c6d7e2"
 MINIMAL_CID = "bafyreidlpnm5ajxotpgxx4ob3t2d2ujwczow3lvpfzhzazo4ehjba6hbce"
 
 
-def message(text: str = "hello", **extra: Any) -> dict[str, Any]:
-    return {
-        "$type": MESSAGE,
-        "role": "user",
-        "content": {
-            "$type": "network.sharedcomputer.chat.defs#plainContent",
-            "parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": text}],
-        },
-        "createdAt": "2026-01-01T00:00:00.000Z",
-        **extra,
-    }
 
 
 def account_of(pds: PdsServer, acct: Account) -> PdsAccount:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,6 +16,7 @@ from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import LocalStore
 from recordstore.pds import PdsAccount, PdsStore
+from tests.support.records import stored_message as message
 
 pytestmark = pytest.mark.anyio
 
@@ -46,17 +46,6 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield Backend("pds", store, account.did)
 
 
-def message(text: str = "hello", **extra: Any) -> dict[str, Any]:
-    return {
-        "$type": MESSAGE,
-        "role": "user",
-        "content": {
-            "$type": "network.sharedcomputer.chat.defs#plainContent",
-            "parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": text}],
-        },
-        "createdAt": "2026-01-01T00:00:00.000Z",
-        **extra,
-    }
 
 
 async def test_create_get_and_cid_as_a_pds(backend: Backend) -> None:

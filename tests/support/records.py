@@ -49,6 +49,12 @@ def user_message(
     return value
 
 
+def stored_message(text: str = "hello", **extra: Any) -> dict[str, Any]:
+    """A user message asking for no reply, with a fixed createdAt: the store tests compare
+    CIDs and bytes, which must not change with the clock."""
+    return user_message(text, attempt=None, created_at="2026-01-01T00:00:00.000Z", **extra)
+
+
 def reply_text(value: dict[str, Any]) -> str:
     """The text of a reply record's text parts, joined."""
     parts = (value.get("content") or {}).get("parts") or []
