@@ -44,12 +44,14 @@ class Sizes:
     rss_total: int
     rss_concurrency: int
     litellm_samples: int
+    short_turns: int  # turns per run for CPU per turn (5 tokens each, 20 at a time)
+    big_streams: int  # the many-streams run (0: skipped)
 
 
 SIZES = {
-    "smoke": Sizes(2, 3, 5, 20, 2, 1, 5, 20, 4, 3),
-    "quick": Sizes(3, 20, 200, 50, 3, 1, 100, 1000, 20, 20),
-    "full": Sizes(5, 100, 200, 200, 5, 3, 100, 1000, 20, 100),
+    "smoke": Sizes(2, 3, 5, 20, 2, 1, 5, 20, 4, 3, 10, 0),
+    "quick": Sizes(3, 20, 200, 50, 3, 1, 100, 1000, 20, 20, 300, 0),
+    "full": Sizes(5, 100, 200, 200, 5, 3, 100, 1000, 20, 100, 1000, 1000),
 }
 
 # figure -> (target text, predicate on the median, LiteLLM's figure key or text)
@@ -60,6 +62,10 @@ TARGETS: dict[str, tuple[str, Any, str | None]] = {
     "claim_latency_ms_p50": ("<= 50 ms", lambda v: v <= 50, None),
     "rss_growth_pct": ("<= 10 %", lambda v: v <= 10, None),
     "per_token_overhead_us": ("", None, None),
+    "turnd_cpu_ms_per_turn": ("<= 3 ms", lambda v: v <= 3, None),
+    "turns_per_s": (">= 300 (one core)", lambda v: v >= 300, None),
+    "send_wall_s": ("<= 0.5 s", lambda v: v <= 0.5, None),
+    "stream_ratio_1000": (">= 0.80", lambda v: v >= 0.8, None),
     "turnd_cpu_us_per_token": ("", None, "1450 (SPEC §10)"),
     "xrpc_write_to_first_delta_ms_p50": ("", None, None),
     "claim_to_first_delta_ms_p50": ("", None, None),
@@ -124,9 +130,12 @@ async def _run(mode: str, sizes: Sizes, want_litellm: bool, want_cluster: bool =
         FakeModelProc(tokens=200, ttft_ms=20) as fake,
         FakeModelProc(tokens=sizes.stream_tokens, ttft_ms=0) as stream_fake,
         FakeModelProc(tokens=20, ttft_ms=0) as short_fake,
+        FakeModelProc(tokens=5, ttft_ms=0) as tiny_fake,
+        FakeModelProc(tokens=200, ttft_ms=0) as big_fake,
     ):
         log(f"fake model servers: pids {fake.pid}, {stream_fake.pid}, {short_fake.pid}")
-        with TurndProc({"fake": fake.base_url, "stream": stream_fake.base_url}) as turnd:
+        with TurndProc({"fake": fake.base_url, "stream": stream_fake.base_url,
+                        "tiny": tiny_fake.base_url, "big": big_fake.base_url}) as turnd:
             log(f"turnd serve: pid {turnd.pid} at {turnd.base_url}")
             log("time to first token (POST -> first delta at a subscriber, vs the bare client):")
             details |= summarize(await measure.ttft(turnd, fake, sizes.runs, sizes.samples, log))
@@ -135,6 +144,17 @@ async def _run(mode: str, sizes: Sizes, want_litellm: bool, want_cluster: bool =
             log(f"streaming: {sizes.streams} concurrent turns x {sizes.stream_tokens} tokens:")
             details |= summarize(await measure.streaming(
                 turnd, stream_fake, sizes.stream_runs, sizes.streams, log, provider="stream"))
+            per_token = details.get("turnd_cpu_us_per_token", {}).get("median")
+            log(f"CPU per turn: {sizes.short_turns} turns x 5 tokens, 20 at a time "
+                f"(relay of {per_token or 0:.0f} us a token subtracted):")
+            details |= summarize(await measure.short_turns(
+                turnd, sizes.stream_runs, sizes.short_turns, 20, 5, per_token, log, provider="tiny"))
+            log('turnd send "hello" (echo provider), wall:')
+            details |= summarize(measure.send_wall(turnd, sizes.runs, log))
+            if sizes.big_streams:
+                log(f"{sizes.big_streams} concurrent streams x 200 tokens:")
+                big = await measure.streaming(turnd, big_fake, 1, sizes.big_streams, log, provider="big")
+                details |= summarize([{"stream_ratio_1000": r["stream_ratio"]} for r in big])
         log(f"memory: RSS after {sizes.rss_first} and {sizes.rss_total} turns (fresh turnd each run):")
         details |= summarize(await measure.memory(
             short_fake, sizes.rss_runs, sizes.rss_first, sizes.rss_total, sizes.rss_concurrency, log))

@@ -4,6 +4,8 @@ median over runs and shows min and max beside it."""
 from __future__ import annotations
 
 import datetime as _dt
+import math
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -236,9 +238,87 @@ async def memory(fake: FakeModelProc, runs: int, first: int, total: int, concurr
             "rss_growth_pct": (rss_total - rss_first) / rss_first * 100.0,
             "rss_mb_after_first": rss_first / 2**20,
             "rss_mb_after_total": rss_total / 2**20,
-            "turns_per_s": total / wall,
+            "memory_turns_per_s": total / wall,
         }
         log(f"  memory run {run + 1}/{runs}: RSS {fig['rss_mb_after_first']:.1f} MB after {first}, "
             f"{fig['rss_mb_after_total']:.1f} MB after {total} ({fig['rss_growth_pct']:+.1f} %)")
         out.append(fig)
+    return out
+
+
+# -- CPU per finished turn ------------------------------------------------------------------
+
+
+async def short_turns(turnd: TurndProc, runs: int, turns: int, concurrency: int, tokens: int,
+                      per_token_us: float | None, log: Log,
+                      provider: str | None = None) -> list[dict[str, float]]:
+    """Many short turns (``tokens`` each), ``concurrency`` at a time: turnd's CPU time per
+    finished turn (POST, claim, placeholder, final record, SSE), with the per-token relay
+    (``per_token_us``, from the 200-stream run) subtracted, and turns finished per second."""
+    out = []
+    async with c.api_client(turnd.base_url, turnd.token, 2 * concurrency + 8) as http:
+
+        async def batch(n: int) -> tuple[float, float, int]:
+            skeys = await _gather([lambda: c.new_conversation(http)] * concurrency)
+            todo = iter(range(n))
+            delivered = [0]
+
+            async def worker(skey: str) -> None:
+                for _ in todo:
+                    s = await c.turnd_turn(http, skey, provider)
+                    if s.status is None or '"complete"' not in s.status:
+                        raise RuntimeError(f"short turn did not complete: {s.status}")
+                    delivered[0] += s.tokens
+
+            cpu0, t0 = cpu_seconds(turnd.pid), c.now()
+            async with anyio.create_task_group() as tg:
+                for skey in skeys:
+                    tg.start_soon(worker, skey)
+            return c.now() - t0, cpu_seconds(turnd.pid) - cpu0, delivered[0]
+
+        await batch(min(turns, 50))  # warm-up
+        for run in range(runs):
+            wall, cpu, delivered = await batch(turns)
+            relay = (per_token_us or 0.0) * 1e-6 * delivered
+            per_turn = (cpu - relay) / turns
+            fig = {
+                "turnd_cpu_ms_per_turn": per_turn * 1000.0,
+                "turnd_cpu_ms_per_turn_with_relay": cpu / turns * 1000.0,
+                # SPEC §10's "turns/s on one core": finished turns per second of turnd's CPU.
+                "turns_per_s": turns / cpu if cpu else math.inf,
+                "turns_per_s_wall": turns / wall,
+            }
+            log(f"  short turns run {run + 1}/{runs}: {turns} turns x {tokens} tokens in "
+                f"{wall:.2f} s ({fig['turns_per_s_wall']:.0f}/s), CPU {fig['turnd_cpu_ms_per_turn']:.2f} ms "
+                f"a turn without the relay ({fig['turnd_cpu_ms_per_turn_with_relay']:.2f} with)")
+            out.append(fig)
+    return out
+
+
+# -- turnd send -----------------------------------------------------------------------------------
+
+
+def send_wall(turnd: TurndProc, runs: int, log: Log) -> list[dict[str, float]]:
+    """``turnd send "hello"`` on the echo provider against the running daemon: the wall
+    time of the whole command (start, imports, login, write, the streamed reply, exit)."""
+    import subprocess
+
+    from bench.procs import turnd_command
+
+    assert turnd.tmp is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURND_")}
+    env |= {"BENCH_PASSWORD": turnd.password, "BENCH_TOKEN": turnd.token,
+            "BENCH_PROVIDER_KEY": "sk-bench-fake", "BENCH_REDIS_URL": ""}
+    argv = [*turnd_command(), "send", "hello", "--model", "echo:echo",
+            "--config", str(turnd.tmp / "turnd.toml")]
+    out = []
+    subprocess.run(argv, env=env, cwd=turnd.tmp, capture_output=True, timeout=120)  # warm caches
+    for run in range(runs):
+        t0 = time.monotonic()
+        done = subprocess.run(argv, env=env, cwd=turnd.tmp, capture_output=True, timeout=120)
+        wall = time.monotonic() - t0
+        if done.returncode != 0:
+            raise RuntimeError(f"turnd send: exit {done.returncode}: {done.stderr[-300:]!r}")
+        out.append({"send_wall_s": wall})
+        log(f"  send run {run + 1}/{runs}: {wall:.3f} s")
     return out

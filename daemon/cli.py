@@ -21,14 +21,31 @@ from dataclasses import replace
 import anyio
 
 from daemon.accounts import CREDENTIALS_FILE, Account, ensure_credentials
-from daemon.check import cmd_check
 from daemon.config import Config, load_config
 from daemon.config_file import ConfigError
 from daemon.echo import ECHO
 from daemon.exits import EXIT_CONFIG, EXIT_OK, fail, leaf
-from daemon.send import cmd_send
-from daemon.starter import cmd_init
-from turns.models import EFFORTS
+from turns.efforts import EFFORTS
+
+
+# Each subcommand's module is imported when it runs: ``turnd send`` must not pay for
+# openai, the store and the HTTP app (SPEC §10: ≤ 0.5 s wall).
+def cmd_check(args: argparse.Namespace) -> int:
+    from daemon.check import cmd_check as run
+
+    return run(args)
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from daemon.send import cmd_send as run
+
+    return run(args)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from daemon.starter import cmd_init as run
+
+    return run(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any
 
 import httpx2  # the HTTP client openai 3.x is built on
 import openai
 
+from turns.efforts import EFFORTS, Effort  # noqa: F401 - re-exported, the names' old home
 from turns.retries import ReportingOpenAI
 from turns.settings import Provider
 
-# The efforts a request may name, listed once (the HTTP API and the CLI take these).
-Effort = Literal["none", "low", "medium", "high", "max"]
-EFFORTS: tuple[str, ...] = get_args(Effort)
 # OpenAI-compatible `reasoning_effort` names the others as they are; `high` is its highest.
 _WIRE_EFFORT = {"max": "high"}
 
