@@ -12,14 +12,15 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.config_file import client_host, parse_listen
 from turns.settings import Provider
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
 
 WORDS_PER_CHUNK = 3
 
@@ -136,6 +137,11 @@ async def _stream(req: ChatRequest, text: str) -> AsyncIterator[bytes]:
 
 def router() -> APIRouter:
     """Mounted by the HTTP app at ``/echo/v1``."""
+    # fastapi is imported here, not above: the config (and so ``turnd send``) imports
+    # this module for the provider's name, and must not pay for the HTTP framework.
+    from fastapi import APIRouter
+    from fastapi.responses import JSONResponse, StreamingResponse
+
     api = APIRouter(prefix="/echo/v1", tags=[ECHO_LABEL])
 
     @api.get("/models", summary="The models of the built-in echo provider")
