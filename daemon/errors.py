@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 import recordstore
 
@@ -66,6 +67,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, str(exc), "StoreError")
 
     async def unexpected(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, ClientDisconnect):
+            # The client went away mid-body: nobody reads this answer, and it is no error
+            # of ours. 499 is what proxies log for it.
+            log.info("%s %s: the client went away", request.method, request.url.path)
+            return error_response(499, "the client went away", "ClientClosedRequest")
         # The message of an unexpected error may hold anything: it goes to the log only.
         log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
         return error_response(500, "internal error")
