@@ -707,13 +707,23 @@ async def test_the_lexicons_readme_approval_example_runs_against_a_live_daemon(
         skey = await d.conversation()
         posted = await d.post(skey, "Oslo?", generation={"tools": ["weather"]})
         await _pending(d, skey, posted["replyKey"])
-        # Only the address, the account and the conversation differ from the page.
-        source = (
-            code.replace("http://127.0.0.1:8787", d.base_url)
-            .replace('"me.test", "the-password"', f'"alice.test", "{ALICE_PASSWORD}"')
-            .replace('"3m2a4b5c6d7e2"', f'"{skey}"')
-        )
-        await anyio.to_thread.run_sync(lambda: exec(compile(source, "lexicons/README.md", "exec"), {}))
+        # Run as the page says (`python approve.py <skey>` with TURND_URL and
+        # TURND_ME_PASSWORD set); only the handle differs: the test account is alice.
+        assert '"me.test"' in code
+        source = code.replace('"me.test"', '"alice.test"')
+
+        def run() -> None:
+            saved_env, saved_argv = dict(os.environ), sys.argv
+            os.environ.update(TURND_URL=d.base_url, TURND_ME_PASSWORD=ALICE_PASSWORD)
+            sys.argv = ["approve.py", skey]
+            try:
+                exec(compile(source, "lexicons/README.md", "exec"), {})
+            finally:
+                os.environ.clear()
+                os.environ.update(saved_env)
+                sys.argv = saved_argv
+
+        await anyio.to_thread.run_sync(run)
         final = await d.final(skey, posted["replyKey"], wait=20)
         (call,) = _parts(final, TOOL_CALL)
         assert final["status"] == "complete" and call["approval"] == "approved"
