@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,9 +23,7 @@ import httpx
 
 from plugins import PluginSet
 from recordstore import (
-    CONVERSATION_REF,
     MESSAGE,
-    SETTINGS_SPACE,
     Change,
     InvalidSwap,
     Record,
@@ -36,7 +34,6 @@ from recordstore import (
 )
 from recordstore.keys import parse_reply_key, reply_key
 from turns import attachments, conversations, manage, records, triggers
-from turns.abandoned import PendingReplies, pending_since
 from turns.accounting import Accounting, Books
 from turns.approval import APPROVAL, Approvals
 from turns.final_writes import FinalWrites
@@ -49,6 +46,7 @@ from turns.streams import StreamBuffer, StreamRegistry
 from turns.titles import Titles
 from turns.toolcalls import ToolCallMetrics
 from turns.turn import Start, Turn, TurnAddress, TurnServices
+from turns.upkeep import Upkeep
 
 if TYPE_CHECKING:
     from turns.cluster import Cluster
@@ -115,10 +113,9 @@ class TurnEngine:
         self._services: TurnServices | None = None
         self._cache_dir = cache_dir
         self._final_writes = final_writes or FinalWrites()
-        self._pending = PendingReplies()
-        self._maintenance_interval = maintenance_interval
-        self._maintenance = anyio.CancelScope()
-        self._scan_accounts: list[str] = []
+        self._upkeep = Upkeep(
+            store, state, settings, self._running, self.metrics, maintenance_interval
+        )
         self.titles = Titles(
             store, self._clients, partial(conversations.touch_ref, store),
             record_usage=self.books.record_side_call,
@@ -160,13 +157,13 @@ class TurnEngine:
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self.titles.attach(self._tg)
             self._final_writes.attach(self._tg)
-            self._tg.start_soon(self._maintain)
+            self._tg.start_soon(self._upkeep.run)
             self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._stack is not None
-        self._maintenance.cancel()
+        self._upkeep.stop()
         await self._stack.__aexit__(*exc)  # the task group waits for running turns
 
     @property
@@ -205,7 +202,7 @@ class TurnEngine:
         ``accounts`` (DIDs) are scanned once, in the background, for others'
         pending replies, so abandoned ones from before this start are found too.
         """
-        self._scan_accounts = list(accounts)
+        self._upkeep.accounts = list(accounts)
         for claim in await self._state.claims():
             record = await self._store.get_record(claim.did, claim.skey, MESSAGE, claim.reply_key)
             if record is not None and record.value.get("status") == "pending" and self._mine(record.value):
@@ -323,7 +320,7 @@ class TurnEngine:
 
     async def on_change(self, change: Change, owners: Mapping[str, Any]) -> None:
         """Apply the direct-write rules to one change of the store."""
-        self._pending.observe(change)
+        self._upkeep.pending.observe(change)
         if change.collection == APPROVAL:
             self.approvals.on_change(change, owners)  # a decision on a waiting tool call
             return
@@ -403,87 +400,13 @@ class TurnEngine:
                 self._idle.set()
 
 
-    # -- upkeep: abandoned claims, the state file ----------------------------------------
-
-    async def _maintain(self) -> None:
-        """Once a minute: sweep abandoned claims, check that the state file is still there."""
-        with self._maintenance:
-            scanned = False
-            while True:
-                await anyio.sleep(self._maintenance_interval)
-                try:
-                    if not scanned:
-                        for did in self._scan_accounts:
-                            await self.scan_pending(did)
-                        scanned = True
-                    await self.check_state_file()
-                    await self.sweep_abandoned()
-                except StoreError as exc:
-                    log.warning("upkeep failed, trying again in a minute: %s", exc)
+    # -- upkeep: abandoned claims, the state file (turns.upkeep) -----------------------
 
     async def scan_pending(self, did: str) -> None:
-        """Note ``did``'s pending replies, conversation by conversation (references only)."""
-        refs_cursor: str | None = None
-        while True:
-            refs, refs_cursor = await self._store.list_records(
-                did, SETTINGS_SPACE, CONVERSATION_REF, cursor=refs_cursor, limit=100
-            )
-            for ref in refs:
-                skey = str(ref.value.get("conversation", "")).rsplit("/", 1)[-1]
-                cursor: str | None = None
-                while skey:
-                    page, cursor = await self._store.list_records(
-                        did, skey, MESSAGE, cursor=cursor, limit=100
-                    )
-                    for record in page:
-                        if parse_reply_key(record.key) is not None:
-                            self._pending.note(did, skey, record.key, record.value)
-                    if cursor is None or not page:
-                        break
-            if refs_cursor is None or not refs:
-                return
+        await self._upkeep.scan_pending(did)
 
     async def sweep_abandoned(self, now: datetime | None = None) -> int:
-        """Rewrite pending replies too old for a live turn as ``error: "abandoned"``.
-
-        A swap on the CID read makes exactly one runner win; the number this one
-        rewrote is returned.
-        """
-        cutoff = (now or datetime.now(UTC)) - timedelta(
-            seconds=self._settings().abandon_after_seconds
-        )
-        rewritten = 0
-        for reply in self._pending.older_than(cutoff):
-            parsed = parse_reply_key(reply.key)
-            if parsed and TurnAddress(reply.did, reply.skey, *parsed) in self._running:
-                continue  # ours and live (it cannot be this old, but never touch it)
-            record = await self._store.get_record(reply.did, reply.skey, MESSAGE, reply.key)
-            value = record.value if record is not None else None
-            self._pending.note(reply.did, reply.skey, reply.key, value)
-            since = pending_since(value)
-            if record is None or since is None or since >= cutoff:
-                continue  # finished, or rewritten meanwhile: not abandoned (yet)
-            self._pending.forget(reply)
-            try:
-                await self._store.put_record(
-                    reply.did, reply.skey, MESSAGE, reply.key,
-                    records.interrupted(record.value, "abandoned"), swap_cid=record.cid,
-                )
-            except InvalidSwap:
-                continue  # another runner won, or the reply was finished meanwhile
-            log.warning("reply %s/%s was abandoned by its runner; marked error", reply.skey, reply.key)
-            self.metrics.turns.labels("error").inc()
-            rewritten += 1
-        return rewritten
+        return await self._upkeep.sweep_abandoned(now)
 
     async def check_state_file(self) -> None:
-        """Recreate a deleted state file, with the claims and requests of this process's turns."""
-        if not await self._state.ensure_file():
-            return
-        for address, turn in list(self._running.items()):
-            if turn.queued:
-                await self._state.add_request(
-                    address.did, address.skey, address.user_key, address.attempt
-                )
-            else:
-                await self._state.add_claim(address.did, address.skey, address.reply)
+        await self._upkeep.check_state_file()

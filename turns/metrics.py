@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from turns.address import TurnAddress
+
+log = logging.getLogger("turnd.turns")
 
 
 class TurnMetrics:
@@ -34,3 +42,40 @@ class TurnMetrics:
 
     def subscriber_delta(self, delta: int) -> None:
         self.subscribers.inc(delta)
+
+
+def observe_turn(
+    metrics: TurnMetrics,
+    a: TurnAddress,
+    model: Mapping[str, str],
+    record: Mapping[str, Any],
+    ttft: float | None,
+    duration: float,
+) -> None:
+    """A finished turn in the metrics and as one log line (references and numbers only)."""
+    status = record["status"]
+    metrics.turns.labels(status).inc()
+    if ttft is not None:
+        metrics.ttft.observe(ttft)
+    usage = record.get("usage") or {}
+    log.info(
+        "turn %s/%s %s:%s %s",
+        a.skey,
+        a.reply,
+        model["provider"],
+        model["id"],
+        status,
+        extra={
+            "turn": {
+                "conversation": a.skey,
+                "key": a.reply,
+                "model": f"{model['provider']}:{model['id']}",
+                "status": status,
+                "ttft_ms": round(ttft * 1000, 1) if ttft is not None else None,
+                "duration_ms": round(duration * 1000, 1),
+                "input_tokens": usage.get("inputTokens"),
+                "output_tokens": usage.get("outputTokens"),
+                "error": record.get("error"),
+            }
+        },
+    )

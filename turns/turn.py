@@ -33,15 +33,15 @@ from recordstore import (
     RecordStore,
     StoreError,
 )
-from recordstore.keys import reply_key
 from turns import conversations, records
 from turns.accounting import Books, TurnAccount
+from turns.address import Start, TurnAddress
 from turns.approval import ApprovalGate, Approvals, pending_reply
 from turns.conversations import Conversation
 from turns.final_writes import FinalWrites
 from turns.fit import fit_record
 from turns.generate import run_steps, scrub
-from turns.metrics import TurnMetrics
+from turns.metrics import TurnMetrics, observe_turn
 from turns.models import (
     Clients,
     ModelResolutionError,
@@ -64,41 +64,6 @@ from turns.window import turn_prompt
 log = logging.getLogger("turnd.turns")
 
 QUEUE_FULL = "too many turns waiting for the rate limit"
-
-
-@dataclass(frozen=True, slots=True)
-class TurnAddress:
-    """Which turn: the account, the conversation's space key, the user message and attempt.
-
-    ``reply`` is the key the turn answers at (``<user_key>.r<attempt>``).
-    """
-
-    did: str
-    skey: str
-    user_key: str
-    attempt: int
-    reply: str = field(init=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "reply", reply_key(self.user_key, self.attempt))
-
-    @property
-    def conversation_uri(self) -> str:
-        return records.conversation_uri(self.did, self.skey)
-
-
-class Start:
-    """An in-flight start: callers wait for the claim's outcome."""
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.finished = anyio.Event()  # the turn has ended (its final record is written)
-        self.result: str | None = None
-
-    def set(self, result: str | None) -> None:
-        if not self.done.is_set():
-            self.result = result
-            self.done.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,30 +460,4 @@ class Turn:
         buffer.close()
 
     def _observe(self, record: Mapping[str, Any], ttft: float | None, duration: float) -> None:
-        a, model, metrics = self.address, self.model, self._s.metrics
-        status = record["status"]
-        metrics.turns.labels(status).inc()
-        if ttft is not None:
-            metrics.ttft.observe(ttft)
-        usage = record.get("usage") or {}
-        log.info(
-            "turn %s/%s %s:%s %s",
-            a.skey,
-            a.reply,
-            model["provider"],
-            model["id"],
-            status,
-            extra={
-                "turn": {
-                    "conversation": a.skey,
-                    "key": a.reply,
-                    "model": f"{model['provider']}:{model['id']}",
-                    "status": status,
-                    "ttft_ms": round(ttft * 1000, 1) if ttft is not None else None,
-                    "duration_ms": round(duration * 1000, 1),
-                    "input_tokens": usage.get("inputTokens"),
-                    "output_tokens": usage.get("outputTokens"),
-                    "error": record.get("error"),
-                }
-            },
-        )
+        observe_turn(self._s.metrics, self.address, self.model, record, ttft, duration)
