@@ -3,6 +3,11 @@
 ``from`` and ``to`` are UTC days (``YYYY-MM-DD``, inclusive; default: this month);
 ``group`` is ``day``, ``model`` (``provider:id``) or ``conversation`` (its key).
 A date that is not one answers 422 ``{error, message}`` naming the parameter.
+
+``GET /api/conversations/{skey}/usage`` (SPEC §17's "usage, cost and latency under each
+reply", for replies loaded from history): each reply's steps summed, its cost and the
+latency its final ``status`` event carried, keyed by reply key; 404 for a conversation
+that is not the caller's.
 """
 
 # No "from __future__ import annotations": FastAPI reads the route annotations below.
@@ -11,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
 
-from daemon.deps import AccountDep
-from turns.usage import BadDate, parse_day, this_month, usage_report
+from daemon.deps import AccountDep, ConversationDep
+from turns.usage import BadDate, conversation_usage, parse_day, this_month, usage_report
 
 __all__ = ["router"]
 
@@ -39,5 +44,9 @@ def router(service: Any) -> APIRouter:
             )
         except BadDate as err:
             raise HTTPException(422, str(err)) from None
+
+    @api.get("/conversations/{skey}/usage")
+    async def reply_usage(conv: ConversationDep) -> dict[str, Any]:
+        return await conversation_usage(service.state, conv.did, conv.skey)
 
     return api

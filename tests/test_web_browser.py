@@ -9,6 +9,7 @@ against the records the daemon wrote. Screenshots of the main states go to
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
@@ -112,11 +113,23 @@ def fake() -> Iterator[FakeModel]:
 
 
 @contextmanager
-def turnd_serve(work: Path, fake: FakeModel, rate: int = 1000, extra: str = "") -> Iterator[str]:
+def turnd_serve(
+    work: Path,
+    fake: FakeModel,
+    rate: int = 1000,
+    extra: str = "",
+    turns: dict[str, Any] | None = None,
+) -> Iterator[str]:
     """A real ``turnd serve`` subprocess on a free port; yields its URL. ``extra`` is TOML
-    appended to the config (new tables only)."""
+    appended to the config (new tables only); ``turns`` overrides ``[turns]`` keys (None:
+    leave the key out, for its default)."""
     port = free_port()
     conf = work / "turnd.toml"
+    # No retries and no titles unless a test asks: they would take the fake's replies.
+    turn_keys = {"ratePerMinute": rate, "retries": 0, "titleModel": "", **(turns or {})}
+    turns_toml = "\n".join(
+        f"{k} = {json.dumps(v)}" for k, v in turn_keys.items() if v is not None
+    )
     conf.write_text(
         f"""
 [http]
@@ -124,9 +137,7 @@ listen = "127.0.0.1:{port}"
 [models]
 default = "fake:fake-model"
 [turns]
-ratePerMinute = {rate}
-retries = 0
-titleModel = ""
+{turns_toml}
 [providers.fake]
 base_url = "{fake.base_url}"
 api_key_env = "FAKE_KEY"
@@ -147,7 +158,7 @@ token_env = "ME_TOKEN"
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, timeout=20)
+        wait_healthy(url, timeout=60)  # a deadline: a loaded machine starts it slowly
         yield url
     finally:
         proc.terminate()
@@ -590,7 +601,12 @@ def test_queued_while_rate_limited_then_cancelled(
         wait_status(reply, "queued")
         assert "Queued" in reply.inner_text()
         shot(page, "15-queued")
-        reply.get_by_role("button", name="Cancel").click()
+        from playwright.sync_api import expect
+
+        cancel = page.get_by_role("button", name="Cancel")
+        expect(cancel).to_have_count(1)  # one Cancel on the screen: the composer's
+        assert not page.locator("#send").is_visible()  # it stands where Send was
+        cancel.click()
         wait_status(reply, "cancelled")
 
 

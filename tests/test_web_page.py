@@ -317,7 +317,15 @@ def test_tool_picker_and_approval_cards(page: Any, api: httpx.Client, tools: Htt
     assert '"city": "Oslo"' in card.locator("pre").inner_text()
     shot(page, "27-approval-card")
     page.set_viewport_size({"width": 390, "height": 844})
+    card.scroll_into_view_if_needed()
     shot(page, "31-phone-approval-card")
+    # One clear choice on a phone too: Approve, Deny, and a single Cancel (the composer's,
+    # where Send was), not one under the card and another by the composer.
+    from playwright.sync_api import expect
+
+    expect(page.get_by_role("button", name="Cancel")).to_have_count(1)
+    assert page.locator("#cancel").is_visible() and not page.locator("#send").is_visible()
+    assert card.get_by_role("button", name="Approve").is_visible()
     page.set_viewport_size({"width": 1200, "height": 800})
     before = len(tools.requests)
     card.get_by_role("button", name="Approve").click()
@@ -357,6 +365,40 @@ def test_trace_lines_usage_cost_and_latency(page: Any) -> None:
     assert "fake:fake-large" in fell.inner_text() and "fake:fake-model" in fell.inner_text()
     assert reply.locator("details.trace-step").count() == 2
     shot(page, "28-trace-lines")
+
+
+def test_usage_cost_and_latency_under_replies_loaded_from_history(
+    page: Any, api: httpx.Client
+) -> None:
+    from playwright.sync_api import expect
+
+    send(page, "priced and kept")
+    reply = reply_to(page, "priced and kept")
+    wait_status(reply, "complete")
+    key, skey = reply.get_attribute("data-key"), current_skey(page)
+    live = reply.locator(".meta").inner_text()
+    stored = api.get(f"/api/conversations/{skey}/usage").json()["replies"][key]
+    assert f"{stored['latencyMs'] / 1000:.1f} s" in live
+    assert f"first token {stored['ttftMs'] / 1000:.2f} s" in live
+    # Reloaded, the stream's numbers are gone: the usage route gives the same line.
+    page.reload()
+    kept = page.locator(f'li.reply[data-key="{key}"] .meta')
+    expect(kept).to_have_text(live)
+    # A reply this page never saw streaming (another client's, finished before it opened).
+    other = api.post("/api/conversations", json={"title": "Priced elsewhere"}).json()["skey"]
+    elsewhere = post_and_wait(api, other, None, "priced from another client")
+    page.goto(f"/#c={other}")
+    meta = page.locator(f'li.reply[data-key="{elsewhere}"] .meta')
+    meta.wait_for()
+    expect(meta).to_contain_text("$")
+    usage = api.get(f"/api/conversations/{other}/usage").json()["replies"][elsewhere]
+    text = meta.inner_text()
+    assert f"{usage['inputTokens']} in / {usage['outputTokens']} out tokens" in text
+    assert f"first token {usage['ttftMs'] / 1000:.2f} s" in text
+    assert f"{usage['latencyMs'] / 1000:.1f} s" in text
+    shot(page, "32-history-usage")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "33-phone-history-usage")
 
 
 def test_image_attachment_preview(page: Any, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from turns.outcomes import Usage
 from turns.pricing import Price
 from turns.quota import Clock, LocalQuotaCounter, Quota, QuotaCounter, QuotaGate, utc_now
 from turns.settings import Provider
-from turns.state import StateDB, UsageRow
+from turns.state import ReplyTiming, StateDB, UsageRow
 from turns.steps import Candidate, StepCaller
 from turns.streams import StreamBuffer
 from turns.telemetry import Telemetry, TurnTrace
@@ -103,6 +103,7 @@ class TurnAccount:
         self._caller: StepCaller | None = None
         self.summaries: Any = None  # turns.summaries.BranchSummaries of this turn, if any
         self._rows: list[UsageRow] = []
+        self._timing: ReplyTiming | None = None  # the final status's latency, once it is out
 
     async def check_quota(self) -> None:
         """Raises QuotaExceeded (a TurnFailed) before any model is called."""
@@ -161,6 +162,10 @@ class TurnAccount:
             out["usage"] = {**out["usage"], "cachedTokens": usage.cached}
         if self.cost is not None:
             out["cost"] = round(self.cost, 10)
+        # Kept with the usage rows, so the reply shows the same latency when loaded later.
+        self._timing = ReplyTiming(
+            self._did, self._skey, self._reply, out["latencyMs"], out.get("ttftMs")
+        )
         return out
 
     def end(self, record: Mapping[str, Any]) -> None:
@@ -178,4 +183,5 @@ class TurnAccount:
                 rows.append(self._books.ledger.row(
                     self._did, self._skey, self._reply, summaries.model, counted, kind="summary"
                 ))
-        await self._books.ledger.save(rows)
+        timing, self._timing = self._timing, None
+        await self._books.ledger.save(rows, timing)

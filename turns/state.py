@@ -43,6 +43,12 @@ CREATE TABLE IF NOT EXISTS usage_step (
     cost REAL, started_at REAL NOT NULL, duration_ms REAL NOT NULL, outcome TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS usage_step_time ON usage_step (did, started_at);
+CREATE INDEX IF NOT EXISTS usage_step_reply ON usage_step (did, skey, reply_key);
+CREATE TABLE IF NOT EXISTS reply_timing (
+    did TEXT NOT NULL, skey TEXT NOT NULL, reply_key TEXT NOT NULL,
+    latency_ms REAL NOT NULL, ttft_ms REAL,
+    PRIMARY KEY (did, skey, reply_key)
+);
 """
 
 
@@ -74,6 +80,34 @@ class UsageRow:
     started_at: float  # unix seconds
     duration_ms: float
     outcome: str  # ok, error, fallback (failed before its first token), cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTiming:
+    """A finished turn's ``latencyMs`` / ``ttftMs`` (its final ``status`` event's), kept so
+    a reply loaded from history shows the same numbers as the live one."""
+
+    did: str
+    skey: str
+    reply_key: str
+    latency_ms: float
+    ttft_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyUsage:
+    """One reply's steps summed (``kind = "turn"`` rows), with its timing when kept."""
+
+    reply_key: str
+    steps: int
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    cost: float | None  # None when no step had a known cost
+    duration_ms: float  # the model calls' time, summed
+    latency_ms: float | None
+    ttft_ms: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +240,10 @@ class StateDB:
 
     # -- usage (SPEC §16) -------------------------------------------------------------
 
-    async def add_usage(self, rows: Sequence[UsageRow]) -> None:
-        """A turn's rows in one statement (written once the turn's status is out)."""
+    async def add_usage(
+        self, rows: Sequence[UsageRow], timing: ReplyTiming | None = None
+    ) -> None:
+        """A turn's rows in one statement, and its timing (written once its status is out)."""
         values = [
             (
                 row.did, row.skey, row.reply_key, row.kind, row.step, row.provider, row.model,
@@ -223,6 +259,38 @@ class StateDB:
                 " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
+            if timing is not None:
+                await self._db.execute(
+                    "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)",
+                    (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms),
+                )
+
+    async def reply_usage(self, did: str, skey: str) -> list[ReplyUsage]:
+        """Each reply of one conversation: its steps summed, and its timing when kept."""
+        async with self._lock:
+            sums = await self._db.execute_fetchall(
+                "SELECT reply_key, COUNT(*), SUM(input_tokens), SUM(output_tokens),"
+                " SUM(reasoning_tokens), SUM(cached_tokens), SUM(cost), SUM(duration_ms)"
+                " FROM usage_step WHERE did=? AND skey=? AND kind='turn' GROUP BY reply_key",
+                (did, skey),
+            )
+            times = await self._db.execute_fetchall(
+                "SELECT reply_key, latency_ms, ttft_ms FROM reply_timing WHERE did=? AND skey=?",
+                (did, skey),
+            )
+        timing = {key: (latency, ttft) for key, latency, ttft in times}
+        out = []
+        for key, steps, tin, tout, treason, tcached, cost, duration in sums:
+            latency, ttft = timing.pop(key, (None, None))
+            out.append(
+                ReplyUsage(key, steps, tin, tout, treason, tcached, cost, duration, latency, ttft)
+            )
+        # A turn that failed before any model call (a quota, say) has a timing and no step.
+        out += [
+            ReplyUsage(key, 0, 0, 0, 0, 0, None, 0.0, latency, ttft)
+            for key, (latency, ttft) in timing.items()
+        ]
+        return out
 
     async def usage_rows(self, did: str) -> list[UsageRow]:
         """Every usage row of an account, oldest first (tests, exports)."""

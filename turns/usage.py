@@ -17,7 +17,7 @@ from turns.metrics import TurnMetrics
 from turns.outcomes import Usage
 from turns.pricing import Price
 from turns.quota import Clock, QuotaCounter, QuotaGate, month_window, utc_now
-from turns.state import StateDB, UsageRow, UsageSum
+from turns.state import ReplyTiming, ReplyUsage, StateDB, UsageRow, UsageSum
 
 log = logging.getLogger("turnd.usage")
 
@@ -90,14 +90,15 @@ class UsageLedger:
             outcome=outcome,
         )
 
-    async def save(self, rows: Sequence[UsageRow]) -> None:
-        """Store rows in one transaction and count them in /metrics and the quota counter."""
-        if not rows:
+    async def save(self, rows: Sequence[UsageRow], timing: ReplyTiming | None = None) -> None:
+        """Store rows (and a turn's timing) and count them in /metrics and the quota counter."""
+        if not rows and timing is None:
             return
         try:
-            await self._state.add_usage(rows)
+            await self._state.add_usage(rows, timing)
         except Exception as exc:  # noqa: BLE001 - accounting must never fail a turn
-            log.error("could not record the usage of %s/%s: %s", rows[0].skey, rows[0].reply_key, exc)
+            where = rows[0] if rows else timing
+            log.error("could not record the usage of %s/%s: %s", where.skey, where.reply_key, exc)
         tokens = self._metrics.tokens
         for row in rows:
             label = f"{row.provider}:{row.model}"
@@ -174,6 +175,31 @@ def sum_json(row: UsageSum) -> dict[str, Any]:
         "cachedTokens": row.cached_tokens,
         "cost": round(row.cost, 8),
     }
+
+
+def reply_usage_json(row: ReplyUsage) -> dict[str, Any]:
+    """One reply's usage as the page shows it under the reply (``GET .../usage``)."""
+    out: dict[str, Any] = {
+        "steps": row.steps,
+        "inputTokens": row.input_tokens,
+        "outputTokens": row.output_tokens,
+        "reasoningTokens": row.reasoning_tokens,
+        "cachedTokens": row.cached_tokens,
+        "durationMs": round(row.duration_ms, 1),
+    }
+    if row.cost is not None:
+        out["cost"] = round(row.cost, 10)
+    if row.latency_ms is not None:
+        out["latencyMs"] = row.latency_ms
+    if row.ttft_ms is not None:
+        out["ttftMs"] = row.ttft_ms
+    return out
+
+
+async def conversation_usage(state: StateDB, did: str, skey: str) -> dict[str, Any]:
+    """``GET /api/conversations/{skey}/usage``: each reply's usage, cost and latency."""
+    rows = await state.reply_usage(did, skey)
+    return {"replies": {row.reply_key: reply_usage_json(row) for row in rows}}
 
 
 async def usage_report(

@@ -38,6 +38,7 @@ const state = {
   traces: new Map(), // reply key -> [{event, data}] seen on its stream
   blobs: new Map(), // blob cid -> object URL (or a promise of one)
   finals: new Map(), // reply key -> its stream's final status event (latency, cost)
+  usage: new Map(), // reply key -> its usage, cost and latency (GET .../usage), for history
   search: '',
   convEvents: null, // {skey, ctrl}
 };
@@ -360,6 +361,7 @@ async function selectConversation(skey) {
   state.editing = null;
   state.chosen = skey ? JSON.parse(sessionStorage.getItem(`turnd.chosen.${skey}`) || '{}') : {};
   state.info = null;
+  state.usage = new Map();
   history.replaceState(null, '', skey ? `#c=${skey}` : location.pathname);
   followConversation(skey);
   renderConversations();
@@ -389,6 +391,25 @@ async function loadConversation() {
   renderConversations();
   renderThread();
   renderMarkdownLater();
+  loadUsage(skey).catch(console.warn);
+}
+
+// Usage, cost and latency of the replies this page did not see finish (their records hold
+// tokens only): asked when the conversation changed and a finished reply has none yet, and
+// once more a moment later, since a turn's usage is stored just after its final record.
+async function loadUsage(skey, again = true) {
+  const lacking = () => [...state.messages.values()].some((m) => isReply(m) && !isPending(m)
+    && !state.usage.has(m.key) && !state.finals.has(m.key));
+  if (!lacking()) return;
+  const { replies } = await api(`/api/conversations/${skey}/usage`);
+  if (skey !== state.skey) return;
+  let changed = false;
+  for (const [key, u] of Object.entries(replies)) {
+    if (!state.usage.has(key)) changed = true;
+    state.usage.set(key, u);
+  }
+  if (changed) renderThread();
+  if (again && lacking()) setTimeout(() => { if (state.skey === skey) loadUsage(skey, false).catch(console.warn); }, 1000);
 }
 
 function choose(parent, key) {
@@ -593,15 +614,16 @@ function fillReply(li, message, siblings) {
   if (status === 'cancelled') li.append(h('p', { class: 'badge', text: `Cancelled${error ? `: ${error}` : ''}` }));
   li.append(h('div', { class: 'actions' },
     siblingNav(message, siblings, 'attempt'),
-    live ? h('button', { type: 'button', class: 'danger', id: `cancel-${key}`, onclick: () => cancel(key), text: 'Cancel' })
-      // An error reply has its Retry above: one way to ask again, not two.
-      : status === 'error' ? null
-        : h('button', { type: 'button', class: 'ghost', id: `regen-${key}`, onclick: () => regenerate(value.parent), text: 'Regenerate', disabled: message.placeholder }),
+    // A running reply is cancelled from the composer (its Cancel takes Send's place, or
+    // Escape): one Cancel on the screen, never one per card. An error reply has its Retry
+    // above: one way to ask again, not two.
+    live || status === 'error' ? null
+      : h('button', { type: 'button', class: 'ghost', id: `regen-${key}`, onclick: () => regenerate(value.parent), text: 'Regenerate', disabled: message.placeholder }),
     live || message.placeholder ? null : h('button', {
       type: 'button', class: 'ghost copy-reply', id: `copy-${key}`, 'aria-label': 'Copy reply', text: 'Copy',
       onclick: (ev) => copyText(replyText(parts), ev.currentTarget),
     }),
-    live || message.placeholder ? null : h('span', { class: 'meta', text: metaLine(value, st?.final || state.finals.get(key), done) })));
+    live || message.placeholder ? null : h('span', { class: 'meta', text: metaLine(value, st?.final || state.finals.get(key) || storedUsage(key), done) })));
 }
 
 function replyText(parts) {
@@ -616,7 +638,11 @@ function traceLine(ev) {
     case 'step': return `Step ${d.index + 1} · ${model(d.model)}`;
     case 'retry': return `Retry ${d.attempt} of step ${d.step + 1} in ${d.waitSeconds} s · ${d.reason}`;
     case 'fallback': return `Fell back from ${model(d.from)} to ${model(d.to)} · ${d.reason}`;
-    case 'context': return `Context fitted: ${d.dropped || 0} message(s) dropped, ${d.summarized || 0} summarized`;
+    case 'context': {
+      const n = d.dropped || 0;
+      const what = `${n} earlier message${n === 1 ? '' : 's'}`;
+      return `Context: ${what} ${d.summarized ? 'summarized' : 'left out'} to fit the model's window`;
+    }
     default: return ev.event;
   }
 }
@@ -639,6 +665,14 @@ async function decide(replyKeyValue, callId, approve) {
   }
 }
 
+// A reply's stored usage (GET .../usage) in the shape of its stream's final status event.
+function storedUsage(key) {
+  const u = state.usage.get(key);
+  if (!u) return undefined;
+  const { cost, latencyMs, ttftMs, steps, ...usage } = u;
+  return { usage, cost, latencyMs, ttftMs, steps };
+}
+
 function metaLine(value, final, done) {
   const model = final?.model || value.model;
   const usage = final?.usage || value.usage;
@@ -651,6 +685,7 @@ function metaLine(value, final, done) {
     bits.push(`${tokens.join(' / ')} tokens`);
   }
   if (usage?.cachedTokens) bits.push(`${usage.cachedTokens} cached`);
+  if (final?.steps > 1) bits.push(`${final.steps} steps`);
   if (typeof final?.cost === 'number') bits.push(`$${final.cost < 0.01 ? final.cost.toPrecision(2) : final.cost.toFixed(4)}`);
   if (typeof final?.ttftMs === 'number') bits.push(`first token ${(final.ttftMs / 1000).toFixed(2)} s`);
   if (typeof final?.latencyMs === 'number') bits.push(`${(final.latencyMs / 1000).toFixed(1)} s`);
@@ -800,9 +835,11 @@ async function renderMarkdownLater() {
   renderThread();
 }
 
+// While a reply runs, Cancel stands where Send was: the one place to stop it.
 function updateComposer() {
   const live = state.skey ? liveReplyOnBranch() : null;
   $('cancel').hidden = !live;
+  $('send').hidden = Boolean(live);
   $('send').disabled = Boolean(live);
 }
 
