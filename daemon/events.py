@@ -2,7 +2,8 @@
 
 Every change the daemon's feed handles becomes, for its conversation,
 ``record {action, collection, key, cid}`` (and ``title {title, titleSource}`` when
-the info's title changes), and for the account ``conversation {action, skey,
+the info's title changes; ``title-failed {reason}`` when a generated title will not
+come, which is no record and so only this daemon's), and for the account ``conversation {action, skey,
 title}``. Whoever wrote the record — this daemon, another one, a stock atproto
 client — the page hears of it, without polling.
 
@@ -132,6 +133,11 @@ class EventHub:
             self._event(log, "title", {"title": state[0], "titleSource": state[1]})
         log.title = state
         self._conversation_event(change, change.op, change.space)
+
+    def no_title(self, did: str, skey: str, reason: str) -> None:
+        """``title-failed {reason}``: the title generated after a first reply will not come
+        (its model failed or answered none), so a client waiting for it stops waiting."""
+        self._event(self.conversation(did, skey), "title-failed", {"reason": reason})
 
     def _conversation_event(self, change: Change, action: str, skey: str) -> None:
         record = change.record or {}

@@ -178,14 +178,16 @@ async def _send(
     if status != "complete":
         return fail(f"the reply ended in {status}" + (f": {error}" if error else ""))
     if args.conversation is None and config.settings().title_model != "":
-        await _print_title(repo, did, skey)
+        await _print_title(config, account, repo, did, skey)
     return EXIT_OK
 
 
-TITLE_WAIT = 10.0  # seconds a new conversation's generated title is waited for
+TITLE_WAIT = 10.0  # seconds a new conversation's generated title is waited for at most
 
 
-async def _print_title(repo: Any, did: str, skey: str) -> None:
+async def _print_title(
+    config: Config, account: Account, repo: Any, did: str, skey: str
+) -> None:
     """The title turnd generates after the first reply (SPEC §15), when it arrives."""
     from recordstore import INFO, PREFERENCES, SETTINGS_SPACE
     from recordstore.keys import repo_rkey
@@ -201,12 +203,45 @@ async def _print_title(repo: Any, did: str, skey: str) -> None:
     if preferences.get("generateTitles") is False:
         return
     with anyio.move_on_after(TITLE_WAIT):
+        if account.token:
+            # The conversation's events from the start of its kept log: the `title`, or
+            # `title-failed` when its model failed (then there is nothing to wait for).
+            try:
+                outcome = await _title_event(config, account, skey)
+            except (httpx.HTTPError, ValueError):
+                outcome = None  # no event stream (another daemon's conversation?): poll
+            if outcome is not None:
+                event, text = outcome
+                if event == "title":
+                    print(f"turnd: title {text!r}", file=sys.stderr, flush=True)
+                else:
+                    print(f"turnd: no title: {text}", file=sys.stderr, flush=True)
+                return
         while True:
             info = await read(INFO, repo_rkey(skey, "self")) or {}
             if isinstance(info.get("title"), str) and info["title"]:
                 print(f"turnd: title {info['title']!r}", file=sys.stderr, flush=True)
                 return
             await anyio.sleep(0.02)
+
+
+async def _title_event(config: Config, account: Account, skey: str) -> tuple[str, str] | None:
+    """("title", its text) or ("title-failed", the reason), from the conversation's events."""
+    url = f"{config.base_url}/api/conversations/{skey}/events"
+    headers = {"Authorization": f"Bearer {account.token}", "Last-Event-ID": "0"}
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(10, read=TITLE_WAIT + 5)) as http,
+        aconnect_sse(http, "GET", url, headers=headers) as source,
+    ):
+        if source.response.status_code != 200:
+            raise ValueError(f"events answered {source.response.status_code}")
+        async for sse in source.aiter_sse():
+            data = json.loads(sse.data)
+            if sse.event == "title" and isinstance(data.get("title"), str) and data["title"]:
+                return "title", data["title"]
+            if sse.event == "title-failed":
+                return "title-failed", str(data.get("reason", ""))
+    return None
 
 
 async def _has_info(repo: Any, did: str, skey: str) -> bool:

@@ -260,6 +260,7 @@ class Service:
                 cluster=self.cluster,
                 metrics=TurnMetrics(self.registry),
             )
+            self.engine.titles.on_no_title = self.events.no_title  # `title-failed` events
             await stack.enter_async_context(self.engine)
             for account in self.accounts:
                 if account.did:

@@ -23,6 +23,7 @@ from plugins.api import Tool, ToolContext
 from turns.context import ContextWindow, PromptTooLong, too_long
 from turns.outcomes import ModelFailed, TurnFailed, Usage
 from turns.parts import PartsBuilder
+from turns.provider_errors import error_text, failure_text
 from turns.settings import TurnSettings
 from turns.steps import StepCaller, single
 from turns.toolcalls import ToolRun, call_tool
@@ -167,7 +168,7 @@ async def _stream_step(
                 if not isinstance(chunk, dict):
                     raise TurnFailed("the model sent a malformed chunk")
                 if chunk.get("error"):
-                    raise TurnFailed(f"the model failed: {_error_text(chunk['error'])}")
+                    raise TurnFailed(f"the model failed: {error_text(chunk['error'])}")
                 if chunk.get("usage"):
                     usage.add(chunk["usage"], chunk.get("model"))
                 for choice in chunk.get("choices") or ():
@@ -179,27 +180,12 @@ async def _stream_step(
     except (TurnFailed, openai.APIError, httpx2.HTTPError) as exc:
         if isinstance(exc, openai.APIStatusError) and too_long(exc.status_code, exc.body):
             # Not a fallback's case: the context window retries it with half the budget.
-            raise _TooLong(_failure_text(exc)) from None
+            raise _TooLong(failure_text(exc)) from None
         # Nothing of this call reached the parts yet: a fallback model may take over.
         started = bool(calls) or len(parts.parts) > first_part
-        raise ModelFailed(_failure_text(exc), started=started) from None
+        raise ModelFailed(failure_text(exc), started=started) from None
     return [calls[i] for i in sorted(calls)]
 
-
-def _failure_text(exc: Exception) -> str:
-    if isinstance(exc, TurnFailed):
-        return str(exc)
-    if isinstance(exc, openai.APIStatusError):
-        return f"the model provider answered {exc.status_code}: {_status_text(exc)}"
-    if isinstance(exc, openai.APITimeoutError):
-        return "the model provider did not answer in time"
-    if isinstance(exc, openai.APIConnectionError):
-        return "could not reach the model provider"
-    if isinstance(exc, httpx2.ReadTimeout):
-        return "the model stopped sending (stalled)"
-    if isinstance(exc, httpx2.HTTPError):
-        return "the model's stream was cut off"
-    return f"the model call failed: {type(exc).__name__}"
 
 
 def _apply_delta(delta: dict[str, Any], parts: PartsBuilder, calls: dict[int, _Call]) -> None:
@@ -231,18 +217,7 @@ def _apply_delta(delta: dict[str, Any], parts: PartsBuilder, calls: dict[int, _C
             parts.source(citation["url"], citation.get("title"))
 
 
-def _error_text(error: Any) -> str:
-    if isinstance(error, dict):
-        return str(error.get("message") or error.get("type") or "unknown error")
-    return str(error)
 
-
-def _status_text(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        return _error_text(inner)
-    return exc.message
 
 
 async def _run_tools(

@@ -9,6 +9,7 @@ import httpx2  # the HTTP client openai 3.x is built on
 import openai
 
 from turns.efforts import EFFORTS, Effort  # noqa: F401 - re-exported, the names' old home
+from turns.provider_errors import NO_KEY
 from turns.retries import ReportingOpenAI
 from turns.settings import Provider
 
@@ -93,7 +94,7 @@ class Clients:
             client = self._clients[key] = ReportingOpenAI(
                 base_url=provider.base_url,
                 # Local servers (Ollama, llama.cpp, the echo provider) take any key.
-                api_key=provider.api_key or "unused",
+                api_key=provider.api_key or NO_KEY,
                 max_retries=retries,
                 # No overall read timeout: the turn's own timeout bounds it; a stall
                 # between chunks is bounded by the read timeout instead.

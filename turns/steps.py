@@ -19,7 +19,9 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import openai
 
+from turns.context import PromptTooLong
 from turns.outcomes import ModelFailed, TurnFailed, Usage
+from turns.provider_errors import name_provider, without_keys
 from turns.retries import reporting
 from turns.streams import StreamBuffer
 
@@ -82,6 +84,8 @@ class StepCaller:
         if not candidates:
             raise ValueError("a step needs at least one model")
         self._candidates = list(candidates)
+        # What a failure says goes into `fallback` events and spans: never a key in it.
+        self._keys = [c.client.api_key for c in self._candidates]
         self._at = 0
         self._buffer = buffer
         self._observer = observer
@@ -102,7 +106,15 @@ class StepCaller:
             candidate = self._candidates[self._at]
             self._publish("step", {"index": index, "model": candidate.ref})
 
-            def report(attempt: int, reason: str, wait: float) -> None:
+            provider, base_url = candidate.ref["provider"], candidate.client.base_url
+
+            def report(
+                attempt: int, reason: str, wait: float, provider: str = provider,
+                base_url: object = base_url,
+            ) -> None:
+                # A network failure's reason names the provider; a status line stays as
+                # it is (the `step` event before it names the model).
+                reason = name_provider(reason, provider, base_url, always=False)
                 self._publish(
                     "retry",
                     {"step": index, "attempt": attempt, "reason": reason,
@@ -120,7 +132,8 @@ class StepCaller:
                 outcome = "ok"
                 return result
             except ModelFailed as failure:
-                _name_provider(failure, candidate.ref["provider"])
+                named = name_provider(str(failure), provider, base_url)
+                failure.args = (without_keys(named, self._keys),)
                 error = str(failure)
                 if failure.started or self._at + 1 >= len(self._candidates):
                     outcome = "error"
@@ -132,6 +145,9 @@ class StepCaller:
                     {"from": candidate.ref, "to": self.model, "reason": error},
                 )
             except TurnFailed as failure:
+                if isinstance(failure, PromptTooLong):  # the provider's refusal: name it
+                    named = name_provider(str(failure), provider, base_url)
+                    failure.args = (without_keys(named, self._keys),)
                 outcome, error = "error", str(failure)
                 raise
             finally:
@@ -151,13 +167,3 @@ class StepCaller:
             return NO_SPAN
         return self._observer.tool_span(name, call_id, arguments)
 
-
-def _name_provider(failure: ModelFailed, provider: str) -> None:
-    """Name the provider in a failure's text (its name, never its key).
-
-    With fallbacks and several providers, "could not reach the model provider" alone
-    does not say which one to look at.
-    """
-    text = str(failure)
-    if "the model provider" in text and f'"{provider}"' not in text:
-        failure.args = (text.replace("the model provider", f'the model provider "{provider}"', 1),)

@@ -18,6 +18,7 @@ import openai
 from recordstore import SUMMARY, RecordStore, StoreError
 from recordstore.times import now_iso
 from turns.context import summary_room
+from turns.provider_errors import failure_text, name_provider
 
 log = logging.getLogger("turnd.turns")
 
@@ -125,7 +126,8 @@ class BranchSummaries:
             if response.usage is not None:
                 self.usage.append(json.loads(response.usage.model_dump_json()))
         except openai.OpenAIError as exc:
-            log.warning("summary of %s/%s failed: %s", self._skey, covers, type(exc).__name__)
+            reason = name_provider(failure_text(exc), self._model["provider"], self._client.base_url)
+            log.warning("summary of %s/%s failed: %s", self._skey, covers, reason)
             return None
         if not text:
             return None

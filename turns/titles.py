@@ -22,6 +22,7 @@ from recordstore import INFO, MESSAGE, InvalidSwap, RecordExists, RecordStore, S
 from recordstore.times import now_iso
 from turns.models import Clients, ModelResolutionError, parse_model
 from turns.parts import TEXT
+from turns.provider_errors import failure_text, name_provider
 from turns.settings import TurnSettings
 
 log = logging.getLogger("turnd.turns")
@@ -68,6 +69,10 @@ def _text(value: Mapping[str, Any]) -> str:
     return "\n".join(texts)[:_INPUT_CHARS]
 
 
+class NoTitle(Exception):  # noqa: N818 - an outcome, carrying its reason
+    """The title model gave no title: the reason, with the provider named (never its key)."""
+
+
 class Titles:
     """Title tasks of one engine; ``cancel_all`` at shutdown, ``cancel`` on delete."""
 
@@ -86,6 +91,9 @@ class Titles:
         self._scopes: dict[tuple[str, str], anyio.CancelScope] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.usage: list[dict[str, Any]] = []
+        # (did, skey, reason): a title that will not come, so a client waiting for one
+        # (`turnd send`) stops waiting; the daemon sets it (a `title-failed` event).
+        self.on_no_title: Callable[[str, str, str], None] | None = None
 
     def attach(self, task_group: anyio.abc.TaskGroup) -> None:
         """The engine's task group: title tasks end before the engine does."""
@@ -126,19 +134,32 @@ class Titles:
             return  # one title at a time per conversation
         scope = self._scopes[address] = anyio.CancelScope()
         try:
-            with scope, anyio.move_on_after(TITLE_TIMEOUT):
+            with scope, anyio.move_on_after(TITLE_TIMEOUT) as timer:
                 seen = len(self.usage)
-                title = await self._ask(settings, model, user_message, reply)
+                try:
+                    title = await self._ask(settings, model, user_message, reply)
+                    why = "the title model answered no title"
+                except NoTitle as reason:
+                    title, why = "", str(reason)
                 if self._record_usage is not None:
                     calls, self.usage[seen:] = self.usage[seen:], []
                     for call in calls:
                         await self._record_usage(did, skey, "title", call["model"], call["usage"])
                 if title:
                     await self._write(did, skey, title, reply.get("parent"))
+                else:
+                    self._no_title(did, skey, why)
+            if timer.cancelled_caught:
+                self._no_title(did, skey, f"no title within {TITLE_TIMEOUT:g} s")
         except Exception:
             log.exception("title generation failed for %s", skey)
+            self._no_title(did, skey, "title generation failed")
         finally:
             self._scopes.pop(address, None)
+
+    def _no_title(self, did: str, skey: str, reason: str) -> None:
+        if self.on_no_title is not None:
+            self.on_no_title(did, skey, reason)
 
     async def _ask(
         self,
@@ -146,13 +167,14 @@ class Titles:
         model: dict[str, str],
         user_message: Mapping[str, Any],
         reply: Mapping[str, Any],
-    ) -> str | None:
+    ) -> str:
+        """The title (``""`` when the model answered none); raises NoTitle when it failed."""
         try:
             ref = parse_model(settings.title_model) if settings.title_model else model
             client = self._clients.client(self._clients.provider(ref), settings.retries)
         except (ValueError, ModelResolutionError) as exc:
             log.warning("no title: %s", exc)
-            return None
+            raise NoTitle(f"no title model: {exc}") from None
         conversation = f"User: {_text(user_message)}\n\nAssistant: {_text(reply)}"
         try:
             response = await client.chat.completions.create(
@@ -165,12 +187,13 @@ class Titles:
                 stream=False,
             )
         except openai.OpenAIError as exc:
-            log.warning("the title model %s:%s failed: %s", ref["provider"], ref["id"], type(exc).__name__)
-            return None
+            reason = name_provider(failure_text(exc), ref["provider"], client.base_url)
+            log.warning("the title model %s:%s failed: %s", ref["provider"], ref["id"], reason)
+            raise NoTitle(f"the title model {ref['provider']}:{ref['id']} failed: {reason}") from None
         if response.usage is not None:
             self.usage.append({"model": ref, "usage": response.usage.model_dump()})
         text = response.choices[0].message.content if response.choices else None
-        return clean(text) if isinstance(text, str) else None
+        return clean(text) if isinstance(text, str) else ""
 
     async def _write(self, did: str, skey: str, title: str, user_key: Any) -> None:
         for _ in range(3):
