@@ -82,8 +82,9 @@ async def test_each_reply_has_its_usage_cost_and_the_latency_its_status_said(
             assert first["cost"] == pytest.approx(((100 - 40) * 2 + 40 * 1 + 20 * 10) / 1e6)
             assert (second["inputTokens"], second["outputTokens"]) == (300, 50)
             assert second["cost"] == pytest.approx((300 * 2 + 50 * 10) / 1e6)
-            # The fallback: two steps (the failed one counts no tokens), the priced one's cost.
-            assert third["steps"] == 2 and (third["inputTokens"], third["outputTokens"]) == (7, 3)
+            # The fallback: one step tried on two models (the failed call counts no tokens),
+            # the priced one's cost.
+            assert third["steps"] == 1 and (third["inputTokens"], third["outputTokens"]) == (7, 3)
             assert third["cost"] == pytest.approx((7 * 2 + 3 * 10) / 1e6)
             # Latency and first-token time: exactly what each reply's final status event said.
             for key, final in finals.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -142,6 +143,11 @@ def post_and_wait(api: httpx.Client, skey: str, parent: str | None, text: str) -
 def _has(api: httpx.Client, skey: str, key: str) -> bool:
     messages = api.get(f"/api/conversations/{skey}").json()["messages"]
     return any(m["key"] == key for m in messages)
+
+
+def duration(ms: float) -> str:
+    """A time as the page writes it under a reply: ms under a second, tenths above."""
+    return f"{math.floor(ms + 0.5)} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
 
 
 def clipboard(page: Any) -> str:
@@ -332,6 +338,7 @@ def test_tool_picker_and_approval_cards(page: Any, api: httpx.Client, tools: Htt
     wait_status(reply, "complete")
     assert len(tools.requests) == before + 1
     assert "approved" in reply.locator("details.tool-call summary").inner_text()
+    assert "2 steps" in reply.locator(".meta").inner_text()  # the call, then the answer
     assert reply.locator(".markdown").inner_text().strip() == "Checked the weather."
     value = record(api, current_skey(page), reply.get_attribute("data-key"))
     call = next(p for p in value["content"]["parts"] if p["$type"].endswith("#toolCallPart"))
@@ -378,8 +385,8 @@ def test_usage_cost_and_latency_under_replies_loaded_from_history(
     key, skey = reply.get_attribute("data-key"), current_skey(page)
     live = reply.locator(".meta").inner_text()
     stored = api.get(f"/api/conversations/{skey}/usage").json()["replies"][key]
-    assert f"{stored['latencyMs'] / 1000:.1f} s" in live
-    assert f"first token {stored['ttftMs'] / 1000:.2f} s" in live
+    assert f"total {duration(stored['latencyMs'])}" in live
+    assert f"first token {duration(stored['ttftMs'])}" in live
     # Reloaded, the stream's numbers are gone: the usage route gives the same line.
     page.reload()
     kept = page.locator(f'li.reply[data-key="{key}"] .meta')
@@ -394,8 +401,8 @@ def test_usage_cost_and_latency_under_replies_loaded_from_history(
     usage = api.get(f"/api/conversations/{other}/usage").json()["replies"][elsewhere]
     text = meta.inner_text()
     assert f"{usage['inputTokens']} in / {usage['outputTokens']} out tokens" in text
-    assert f"first token {usage['ttftMs'] / 1000:.2f} s" in text
-    assert f"{usage['latencyMs'] / 1000:.1f} s" in text
+    assert f"first token {duration(usage['ttftMs'])}" in text
+    assert f"total {duration(usage['latencyMs'])}" in text
     shot(page, "32-history-usage")
     page.set_viewport_size({"width": 390, "height": 844})
     shot(page, "33-phone-history-usage")
@@ -409,7 +416,10 @@ def test_image_attachment_preview(page: Any, tmp_path: Path) -> None:
     Image.new("RGB", (40, 30), (200, 30, 30)).save(buf, "PNG")
     png.write_bytes(buf.getvalue())
     page.locator("#file").set_input_files(str(png))
-    page.locator("#attachments li", has_text="dot.png").wait_for()
+    chip = page.locator("#attachments li", has_text="dot.png")
+    chip.wait_for()
+    # Before sending: a thumbnail from the file itself.
+    assert chip.locator("img.thumb").get_attribute("src").startswith("blob:")
     send(page, "look at this")
     user = page.locator("li.message.user").last
     img = user.locator(".image-preview img")

@@ -96,7 +96,10 @@ class ReplyTiming:
 
 @dataclass(frozen=True, slots=True)
 class ReplyUsage:
-    """One reply's steps summed (``kind = "turn"`` rows), with its timing when kept."""
+    """One reply's steps summed (``kind = "turn"`` rows), with its timing when kept.
+
+    ``steps`` counts model calls as ``GET /api/usage`` does: a step tried on two models
+    (a fallback) once."""
 
     reply_key: str
     steps: int
@@ -269,7 +272,7 @@ class StateDB:
         """Each reply of one conversation: its steps summed, and its timing when kept."""
         async with self._lock:
             sums = await self._db.execute_fetchall(
-                "SELECT reply_key, COUNT(*), SUM(input_tokens), SUM(output_tokens),"
+                "SELECT reply_key, COUNT(DISTINCT step), SUM(input_tokens), SUM(output_tokens),"
                 " SUM(reasoning_tokens), SUM(cached_tokens), SUM(cost), SUM(duration_ms)"
                 " FROM usage_step WHERE did=? AND skey=? AND kind='turn' GROUP BY reply_key",
                 (did, skey),

@@ -288,11 +288,19 @@ function plainTitle(title) {
   return String(title || '').replace(/^#+\s*/, '').replace(/[*_`~]+/g, '').replace(/\s+/g, ' ').trim();
 }
 
+// When a conversation last changed, as a list shows it: the time today, else the date.
+function shortWhen(iso) {
+  const at = new Date(iso);
+  const now = new Date();
+  if (at.toDateString() === now.toDateString()) return at.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  return at.toLocaleDateString([], { day: 'numeric', month: 'short', year: at.getFullYear() === now.getFullYear() ? undefined : 'numeric' });
+}
+
 function renderConversations() {
   const list = $('conversations');
   if (list.querySelector('.rename:focus')) return; // renaming: not under the cursor
   list.replaceChildren(...state.conversations.map((c) => {
-    const when = c.updatedAt ? new Date(c.updatedAt).toLocaleString() : '';
+    const when = c.updatedAt ? shortWhen(c.updatedAt) : '';
     const title = plainTitle(c.title) || 'New conversation';
     return h('li', { class: 'conv-item', 'data-skey': c.skey },
       h('button', {
@@ -623,7 +631,7 @@ function fillReply(li, message, siblings) {
       type: 'button', class: 'ghost copy-reply', id: `copy-${key}`, 'aria-label': 'Copy reply', text: 'Copy',
       onclick: (ev) => copyText(replyText(parts), ev.currentTarget),
     }),
-    live || message.placeholder ? null : h('span', { class: 'meta', text: metaLine(value, st?.final || state.finals.get(key) || storedUsage(key), done) })));
+    live || message.placeholder ? null : h('span', { class: 'meta', text: metaLine(value, st?.final || state.finals.get(key) || storedUsage(key), done, key) })));
 }
 
 function replyText(parts) {
@@ -673,9 +681,21 @@ function storedUsage(key) {
   return { usage, cost, latencyMs, ttftMs, steps };
 }
 
-function metaLine(value, final, done) {
+// 840 ms, 3.6 s: milliseconds under a second, tenths above.
+function duration(ms) {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
+}
+
+// Model calls of a reply the page followed: its step events, a step tried on two models
+// (a fallback) counted once, as GET .../usage counts them.
+function streamedSteps(key) {
+  return new Set((state.traces.get(key) || []).filter((ev) => ev.event === 'step').map((ev) => ev.data.index)).size;
+}
+
+function metaLine(value, final, done, key) {
   const model = final?.model || value.model;
   const usage = final?.usage || value.usage;
+  const steps = final?.steps ?? streamedSteps(key);
   const bits = [];
   if (model) bits.push(`${model.provider}:${model.id}`);
   if (value.effort) bits.push(`effort ${value.effort}`);
@@ -685,12 +705,12 @@ function metaLine(value, final, done) {
     bits.push(`${tokens.join(' / ')} tokens`);
   }
   if (usage?.cachedTokens) bits.push(`${usage.cachedTokens} cached`);
-  if (final?.steps > 1) bits.push(`${final.steps} steps`);
+  if (steps > 1) bits.push(`${steps} steps`);
   if (typeof final?.cost === 'number') bits.push(`$${final.cost < 0.01 ? final.cost.toPrecision(2) : final.cost.toFixed(4)}`);
-  if (typeof final?.ttftMs === 'number') bits.push(`first token ${(final.ttftMs / 1000).toFixed(2)} s`);
-  if (typeof final?.latencyMs === 'number') bits.push(`${(final.latencyMs / 1000).toFixed(1)} s`);
-  else if (done?.ms) bits.push(`${(done.ms / 1000).toFixed(1)} s`);
-  if (value.createdAt) bits.push(new Date(value.createdAt).toLocaleTimeString());
+  if (typeof final?.ttftMs === 'number') bits.push(`first token ${duration(final.ttftMs)}`);
+  if (typeof final?.latencyMs === 'number') bits.push(`total ${duration(final.latencyMs)}`);
+  else if (done?.ms) bits.push(`total ${duration(done.ms)}`);
+  if (value.createdAt) bits.push(new Date(value.createdAt).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' }));
   return bits.join(' · ');
 }
 
@@ -728,6 +748,7 @@ function renderPart(p, key, i) {
         return wrap(h('div', { class: 'approval-card', role: 'group', 'aria-label': `Approve ${p.part.tool}?` },
           h('p', {}, h('strong', { text: p.part.tool }), ' wants to run with:'),
           h('pre', { text: pretty(p.part.input) }),
+          h('p', { class: 'muted hint', text: 'The reply waits for your answer.' }),
           h('div', { class: 'actions' },
             h('button', { type: 'button', class: 'primary', id: `approve-${p.part.callId}`, text: 'Approve', onclick: () => decide(p.reply, p.part.callId, true) }),
             h('button', { type: 'button', class: 'danger', id: `deny-${p.part.callId}`, text: 'Deny', onclick: () => decide(p.reply, p.part.callId, false) }))));
@@ -784,11 +805,15 @@ async function copyText(text, button) {
 
 // An attached image, fetched with the token (getBlob) and shown from a blob: URL.
 function imagePreview(part) {
-  const alt = part.alt || 'image';
+  const alt = part.alt || 'attached image';
   const cid = part.image?.ref?.$link;
   const fig = h('figure', { class: 'image-preview' });
   const img = h('img', { alt }); // not lazy: a re-rendered thread would leave it unloaded
-  fig.append(img, h('figcaption', { class: 'muted', text: alt === 'image' ? (part.image?.mimeType || 'image') : alt }));
+  // A caption only when the part has alt text: a bare "image/png" under a picture says nothing.
+  fig.append(img);
+  if (part.alt) fig.append(h('figcaption', { class: 'muted', text: part.alt }));
+  // A picture that loads after the thread was drawn makes it taller: stay at the newest.
+  img.addEventListener('load', () => scrollToEnd());
   if (!cid || !state.did) return fig;
   let url = state.blobs.get(cid);
   if (!url) {
@@ -1077,6 +1102,7 @@ async function send(ev) {
     choose(parent || '', posted.userKey);
     $('input').value = '';
     autosize();
+    for (const a of state.attachments) if (a.preview) URL.revokeObjectURL(a.preview);
     state.attachments = [];
     renderAttachments();
     await loadConversation();
@@ -1139,7 +1165,8 @@ async function attach(files) {
         method: 'POST', body: file,
         headers: { 'Content-Type': file.type || 'application/octet-stream', 'X-Filename': encodeURIComponent(file.name) },
       });
-      state.attachments.push({ name: file.name, part });
+      const preview = file.type.startsWith('image/') ? URL.createObjectURL(file) : null;
+      state.attachments.push({ name: file.name, part, preview });
     } catch (err) {
       showError(err);
     }
@@ -1148,11 +1175,12 @@ async function attach(files) {
 }
 
 function renderAttachments() {
-  $('attachments').replaceChildren(...state.attachments.map((a, i) => h('li', { class: 'chip' },
+  $('attachments').replaceChildren(...state.attachments.map((a, i) => h('li', { class: `chip${a.preview ? ' with-thumb' : ''}` },
+    a.preview ? h('img', { class: 'thumb', src: a.preview, alt: '' }) : null,
     h('span', { text: a.name }),
     h('button', {
       type: 'button', class: 'ghost', 'aria-label': `Remove ${a.name}`, text: '×',
-      onclick: () => { state.attachments.splice(i, 1); renderAttachments(); },
+      onclick: () => { const [gone] = state.attachments.splice(i, 1); if (gone?.preview) URL.revokeObjectURL(gone.preview); renderAttachments(); },
     }))));
 }
 
@@ -1284,6 +1312,12 @@ function main() {
   }, { passive: true });
   // A rotated phone or a resized window reflows the thread: stay at the newest message.
   window.addEventListener('resize', () => { if (atBottom) scrollToEnd(true); });
+  // A phone's two-line box has no room for the keyboard hints (and no Shift key to hint at).
+  const narrow = window.matchMedia('(max-width: 48rem)');
+  const hint = $('input').placeholder;
+  const placeholder = () => { $('input').placeholder = narrow.matches ? 'Message' : hint; };
+  narrow.addEventListener('change', placeholder);
+  placeholder();
   $('settings-btn').addEventListener('click', openSettings);
   $('settings-form').addEventListener('submit', saveSettings);
   $('settings-close').addEventListener('click', () => $('settings').close());
