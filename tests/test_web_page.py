@@ -193,6 +193,16 @@ def test_opens_at_the_newest_message_in_a_centred_column(page: Any, api: httpx.C
     page.wait_for_function(
         "() => { const m = document.scrollingElement; return m.scrollWidth <= m.clientWidth; }"
     )
+    # Send sits beside the message box on a phone, not alone on a row under the pickers.
+    row = page.evaluate(
+        """() => {
+          const r = (id) => document.getElementById(id).getBoundingClientRect();
+          const box = r('input'), send = r('send');
+          return {beside: send.left >= box.right && send.top < box.bottom && send.bottom > box.top,
+                  inside: send.right <= document.documentElement.clientWidth};
+        }"""
+    )
+    assert row == {"beside": True, "inside": True}, row
     shot(page, "21-phone-newest")
 
 
