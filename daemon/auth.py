@@ -35,6 +35,8 @@ from atproto_server.exceptions import (
 )
 from starlette.requests import HTTPConnection
 
+from daemon.errors import NamedError
+
 __all__ = [
     "ACCESS_SCOPE",
     "REFRESH_SCOPE",
@@ -56,14 +58,8 @@ REFRESH_TTL = 90 * 24 * 60 * 60  # and its refresh tokens ninety days
 Scope = Literal["com.atproto.access", "com.atproto.refresh"]
 
 
-class TokenError(Exception):
+class TokenError(NamedError):
     """A session token was refused; ``error``/``status`` are the PDS's for the case."""
-
-    def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error = error
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

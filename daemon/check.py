@@ -11,8 +11,8 @@ import httpx
 from daemon.config import Config, load_config
 from daemon.config_file import ConfigError
 from daemon.echo import ECHO
+from daemon.engine_parts import load_plugins
 from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, short
-from daemon.service import load_plugins
 
 
 def cmd_check(args: argparse.Namespace) -> int:

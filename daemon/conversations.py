@@ -7,12 +7,12 @@ preferences record and the presets."""
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from pydantic import BaseModel, ConfigDict, Field
 
 import recordstore
-from daemon.deps import AccountDep, ConversationDep, ServiceDep
+from daemon.deps import AccountDep, ConversationDep, LastEventIdDep, ServiceDep
 from daemon.events import EventLog
 from turns import manage
 
@@ -115,13 +115,9 @@ async def delete_conversation(conv: ConversationDep, service: ServiceDep) -> Res
     responses={200: {"content": {"text/event-stream": {}}, "description": "Record changes"}},
 )
 async def conversation_events(
-    conv: ConversationDep,
-    service: ServiceDep,
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
-    lastEventId: Annotated[int | None, Query(ge=0)] = None,  # noqa: N803 - for fetch readers
+    conv: ConversationDep, service: ServiceDep, after: LastEventIdDep
 ) -> EventSourceResponse:
-    log = service.events.conversation(conv.did, conv.skey)
-    return _stream(log, last_event_id if last_event_id is not None else lastEventId)
+    return _stream(service.events.conversation(conv.did, conv.skey), after)
 
 
 @router.get(
@@ -130,13 +126,9 @@ async def conversation_events(
     responses={200: {"content": {"text/event-stream": {}}, "description": "Conversations"}},
 )
 async def account_events(
-    acct: AccountDep,
-    service: ServiceDep,
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
-    lastEventId: Annotated[int | None, Query(ge=0)] = None,  # noqa: N803
+    acct: AccountDep, service: ServiceDep, after: LastEventIdDep
 ) -> EventSourceResponse:
-    log = service.events.account(acct.did)
-    return _stream(log, last_event_id if last_event_id is not None else lastEventId)
+    return _stream(service.events.account(acct.did), after)
 
 
 def _stream(log: EventLog, after: int | None) -> EventSourceResponse:

@@ -7,12 +7,14 @@ conversation is indistinguishable from a missing one (404).
 # No "from __future__ import annotations": FastAPI reads these annotations at runtime.
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Query, Request
 
 import recordstore
+from daemon.accounts import Account
 from daemon.auth import bearer_token
+from daemon.served import Served
 from recordstore import keys
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "ConversationDep",
     "ConversationKey",
     "ConversationKeyDep",
+    "LastEventIdDep",
     "ServiceDep",
 ]
 
@@ -32,14 +35,15 @@ class ConversationAt:
     info: recordstore.Record
 
 
-def _service(request: Request) -> Any:
-    return request.app.state.service
+def _service(request: Request) -> Served:
+    service: Served = request.app.state.service
+    return service
 
 
-ServiceDep = Annotated[Any, Depends(_service)]
+ServiceDep = Annotated[Served, Depends(_service)]
 
 
-async def _account(request: Request, service: ServiceDep) -> Any:
+async def _account(request: Request, service: ServiceDep) -> Account:
     token = bearer_token(request)
     found = service.account_for_token(token) if token else None
     if found is None or not found.did:
@@ -51,7 +55,7 @@ async def _account(request: Request, service: ServiceDep) -> Any:
     return found
 
 
-AccountDep = Annotated[Any, Depends(_account)]
+AccountDep = Annotated[Account, Depends(_account)]
 
 
 async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> ConversationAt:
@@ -79,3 +83,15 @@ async def _conversation_key(skey: str, acct: AccountDep) -> ConversationKey:
 
 
 ConversationKeyDep = Annotated[ConversationKey, Depends(_conversation_key)]
+
+
+def _last_event_id(
+    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
+    lastEventId: Annotated[int | None, Query(ge=0)] = None,  # noqa: N803 - for fetch readers
+) -> int | None:
+    # A reconnecting EventSource sends the header; a fetch reader can only use the query.
+    return last_event_id if last_event_id is not None else lastEventId
+
+
+# The last event id a stream's subscriber saw, if it says one (SSE resumption).
+LastEventIdDep = Annotated[int | None, Depends(_last_event_id)]

@@ -33,6 +33,16 @@ ERROR_NAMES = {
 }
 
 
+class NamedError(Exception):
+    """A refusal answered as ``{error, message}`` with its own status and error name."""
+
+    def __init__(self, status: int, error: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.message = message
+
+
 def error_response(status: int, message: str, error: str | None = None, **headers: str) -> JSONResponse:
     name = error or ERROR_NAMES.get(status, "InternalServerError" if status >= 500 else "Error")
     return JSONResponse({"error": name, "message": message}, status_code=status, headers=headers)

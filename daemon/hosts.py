@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["HostCheck", "OwnNames", "own_names", "split_host"]
+__all__ = ["HostCheck", "OwnNames", "split_host"]
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
@@ -114,16 +114,3 @@ class HostCheck:
         # Answered without calling receive(): the body is never read.
         response = JSONResponse({"error": "InvalidHost", "message": message}, status_code=400)
         await response(scope, receive, send)
-
-
-def own_names(service: object) -> OwnNames:
-    """The names of ``service`` (a :class:`daemon.service.Service`): its config's listen
-    address and ``allowed_hosts``, at the port it actually bound."""
-    config = getattr(service, "config", None)
-    listen = getattr(config, "host", "127.0.0.1")
-    configured = int(getattr(config, "port", 0) or 0)
-
-    def port() -> int:
-        return int(getattr(service, "port", None) or configured)
-
-    return OwnNames(listen, port, getattr(config, "allowed_hosts", ()))

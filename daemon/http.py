@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -28,10 +28,17 @@ import recordstore
 from daemon import echo, tools_http, uploads, usage_api, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.conversations import router as conversations_api
-from daemon.deps import AccountDep, ConversationDep, ConversationKeyDep, ServiceDep
+from daemon.deps import (
+    AccountDep,
+    ConversationDep,
+    ConversationKeyDep,
+    LastEventIdDep,
+    ServiceDep,
+)
 from daemon.errors import install_error_handlers
-from daemon.hosts import HostCheck, own_names
+from daemon.hosts import HostCheck, OwnNames
 from daemon.limits import JSON_BODY_LIMIT, BodyLimit
+from daemon.served import Served
 from recordstore import keys
 from recordstore.mime import blob_mime
 from recordstore.vocabulary import FILE_PART, IMAGE_PART
@@ -84,7 +91,7 @@ class Regenerate(_Body):
 # -- the app -------------------------------------------------------------------------------------
 
 
-def create_app(service: Any) -> FastAPI:
+def create_app(service: Served) -> FastAPI:
     """The side server for ``service`` (a :class:`daemon.service.Service`)."""
     app = FastAPI(
         title="turnd",
@@ -94,6 +101,7 @@ def create_app(service: Any) -> FastAPI:
         redoc_url=None,
     )
     install_error_handlers(app)
+    config = service.config
     app.state.service = service
     app.include_router(conversations_api)  # §15: create, list, rename, delete, events
     app.include_router(api)
@@ -103,15 +111,15 @@ def create_app(service: Any) -> FastAPI:
     app.include_router(tools_http.router(service))  # /api/tools, approvals (SPEC §14)
     app.include_router(usage_api.router(service))  # /api/usage (SPEC §16)
     _add_ops_routes(app, service)
-    if service.config.store_kind == "local":
+    if config.store_kind == "local":
         app.include_router(xrpc.router(service))
     app.include_router(echo.router())  # the built-in provider, at /echo/v1
 
-    blob_limit = service.config.max_body_bytes
+    blob_limit = config.max_body_bytes
     app.add_middleware(
         BodyLimit, json_limit=min(JSON_BODY_LIMIT, blob_limit), blob_limit=blob_limit
     )
-    origins = list(service.config.cors_origins)
+    origins = list(config.cors_origins)
     if origins:
         app.add_middleware(
             CORSMiddleware,
@@ -120,14 +128,16 @@ def create_app(service: Any) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "X-Filename", "Last-Event-ID"],
         )
     # Added last, so it runs first: a request for a foreign Host never reaches a body read.
-    app.add_middleware(HostCheck, names=own_names(service))
+    # Its config's listen address and allowed_hosts, at the port it actually bound.
+    names = OwnNames(config.host, lambda: service.port or config.port, config.allowed_hosts)
+    app.add_middleware(HostCheck, names=names)
     # Mounted last: "/" would otherwise shadow every route after it.
-    if service.config.web and WEB_DIR.is_dir():
+    if config.web and WEB_DIR.is_dir():
         app.mount("/", webui.static_files(WEB_DIR), name="web")  # with its CSP headers
     return app
 
 
-def _add_ops_routes(app: FastAPI, service: Any) -> None:
+def _add_ops_routes(app: FastAPI, service: Served) -> None:
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> Response:
         # Final records the store refused count as the store being down (SPEC §12).
@@ -151,7 +161,7 @@ def _add_ops_routes(app: FastAPI, service: Any) -> None:
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _store_up(service: Any) -> bool:
+async def _store_up(service: Served) -> bool:
     """A cheap read through the store: it answers within two seconds."""
     did = next((a.did for a in service.accounts if a.did), None)
     if did is None:
@@ -235,15 +245,14 @@ async def _stream_source(
     replyKey: str,  # noqa: N803
     acct: AccountDep,
     service: ServiceDep,
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
-    lastEventId: Annotated[int | None, Query(ge=0)] = None,  # noqa: N803 - for fetch readers
+    last_event_id: LastEventIdDep,
 ) -> _StreamSource:
     # Resolved before the response starts, so a missing reply is a real 404.
     keys.validate_space_key(skey)
     keys.validate_key(replyKey)
-    after = last_event_id if last_event_id is not None else (lastEventId or 0)
+    after = last_event_id or 0
     buffer = service.engine.stream(acct.did, skey, replyKey)
-    if getattr(service, "cluster", None) is not None:
+    if service.cluster is not None:
         # [cluster]: a buffer this instance opened for a claim it then lost is not served.
         buffer = await service.cluster.local_stream(buffer)
     # At or past the last event of a finished reply: its stored status (SPEC §12),
@@ -312,7 +321,7 @@ async def attachments(
     content_type: Annotated[str | None, Header()] = None,
     x_filename: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
-    guard = uploads.guard_for(service)
+    guard = service.uploads
     try:
         # SPEC §12: two at once per account, the account's cap, 507 on a full disk.
         async with guard.slot(acct.did):
@@ -325,7 +334,7 @@ async def attachments(
                 _check_size(len(data), MAX_IMAGE_BYTES, "an image")
             else:
                 _check_size(len(data), MAX_FILE_BYTES, "a file")
-            cap = uploads.storage_cap(service, acct.did)
+            cap = uploads.storage_cap(service.accounts, acct.did)
             blob = await guard.store(service.store, acct.did, data, mime, cap)
     except uploads.UploadError as err:
         return JSONResponse({"error": err.error, "message": err.message}, status_code=err.status)

@@ -19,39 +19,40 @@ import hmac
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import uvicorn
-from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
+from daemon import engine_parts
 from daemon.accounts import Account
 from daemon.config import Config
-from daemon.config_file import ConfigError
 from daemon.connections import AcceptErrorLog, guarded_protocol
 from daemon.echo import ECHO, echo_provider
 from daemon.events import EventHub
+from daemon.feed import FeedFollower
 from daemon.http import create_app
-from recordstore import SETTINGS, SETTINGS_SPACE, Change, RecordStore, StoreError
+from daemon.sessions import LoginLimiter
+from daemon.uploads import UploadGuard
+from plugins.sources import ToolCatalog
+from recordstore import SETTINGS, SETTINGS_SPACE, RecordStore, StoreError
 from recordstore.abilities import KnownDids
 from turns.engine import TurnEngine
 from turns.metrics import TurnMetrics
 from turns.settings import Provider
 from turns.state import StateDB
 
+if TYPE_CHECKING:
+    # Only with [cluster] is the package imported (turns.cluster's promise).
+    from turns.cluster import Cluster
+
 log = logging.getLogger("turnd.service")
 
-FEED_CURSOR = "changes"  # the state file's name for the change feed cursor
 SHUTDOWN_GRACE = 30.0  # seconds running turns get to finish on SIGTERM (SPEC §7)
-CURSOR_FLUSH_SECONDS = 1.0
-CURSOR_FLUSH_EVERY = 500  # changes: a busy feed still saves its place between flushes
-CHANGE_RETRIES = 3  # attempts at one change before it is logged and skipped
-FEED_BACKOFF_MAX = 30.0
 
 
 class ServiceError(Exception):
@@ -106,29 +107,44 @@ async def open_store(config: Config) -> RecordStore:
 
 
 class Service:
-    """The shared object the HTTP app reads: config, store, state, engine, accounts."""
+    """The shared object the HTTP app reads (:class:`daemon.served.Served`): config,
+    store, state, engine, accounts; and the daemon's lifecycle, :meth:`run`."""
+
+    # Set by run() once open, before the HTTP app (their only reader) is built.
+    store: RecordStore
+    state: StateDB
+    engine: TurnEngine
+    tools: ToolCatalog  # SPEC §14
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.accounts: list[Account] = list(config.accounts)
         self.registry = CollectorRegistry()
-        self.store: RecordStore | None = None
-        self.state: StateDB | None = None  # once running
-        self.engine: TurnEngine | None = None  # once running
-        self.cluster: Any = None  # turns.cluster.Cluster with [cluster] (SPEC §18)
+        self.cluster: Cluster | None = None  # with [cluster] (SPEC §18)
         # The config's providers; with port 0 the echo's URL is the port actually bound.
         self.providers: dict[str, Provider] = dict(config.providers)
-        self.feed_up = False
         self.port: int | None = None  # the bound port (differs from config with port 0)
         self._stop = anyio.Event()
-        self._handled_cursor: str | None = None
-        self._saved_cursor: str | None = None
-        self._since_save = 0
+        self._feed: FeedFollower | None = None
         # Loaded now, so a bad plugin name is a config error before anything starts.
-        self.plugins = load_plugins(config.plugins)
+        self.plugins = engine_parts.load_plugins(config.plugins)
         self.events = EventHub()  # the page's live record events (SPEC §15, §17)
-        self.tools: Any = None  # plugins.sources.ToolCatalog once running (SPEC §14)
-        self.telemetry = _open_telemetry(config)  # likewise: a missing [otel] extra
+        self.telemetry = engine_parts.start_telemetry(config)  # likewise: a missing [otel] extra
+        # SPEC §12: /api/attachments and uploadBlob share one guard; failed logins are
+        # counted per account and address (tests give it a clock of their own).
+        self.uploads = UploadGuard()
+        self.login_limiter = LoginLimiter()
+
+    @property
+    def feed_up(self) -> bool:
+        """/healthz's changeFeed: connected and following."""
+        return self._feed is not None and self._feed.up
+
+    @feed_up.setter
+    def feed_up(self, up: bool) -> None:
+        # The drain says the feed is down at once (tests also set it, as while it reconnects).
+        if self._feed is not None:
+            self._feed.up = up
 
     # -- credentials (the HTTP app and XRPC call these) ------------------------------------
 
@@ -225,47 +241,49 @@ class Service:
             await stack.enter_async_context(store)
             self._learn_dids()
             try:
-                self.state = await StateDB.open(self.config.state_path)
+                state = self.state = await StateDB.open(self.config.state_path)
             except (OSError, ValueError) as err:
                 raise ServiceError(f"state.path: cannot open the state file: {err}") from None
-            stack.push_async_callback(_close, self.state.aclose)
+            stack.push_async_callback(_close, state.aclose)
             if self.config.redis_url:
                 from turns.cluster import Cluster
 
                 # Entered before the engine, so it closes after it: the last statuses
                 # still reach Redis while running turns finish on shutdown.
                 self.cluster = await stack.enter_async_context(
-                    Cluster(self.config.redis_url, self.state.instance_id)
+                    Cluster(self.config.redis_url, state.instance_id)
                 )
-
-            from plugins.sources import ToolCatalog
-
             # Entered before the engine, so its MCP servers outlive the engine's last turn.
-            self.tools = await stack.enter_async_context(
+            tools = self.tools = await stack.enter_async_context(
                 ToolCatalog(self.plugins, self.config.tools)
             )
-            accounting = _accounting(self)
-            stack.push_async_callback(_stop_telemetry, accounting.telemetry)
-            self.engine = TurnEngine(
-                self.store,
-                self.state,
+            accounting = engine_parts.accounting(
+                self.config, lambda: self.accounts, state, self.telemetry, self.cluster
+            )
+            stack.push_async_callback(engine_parts.stop_telemetry, accounting.telemetry)
+            engine = self.engine = TurnEngine(
+                store,
+                state,
                 self.config.settings,
                 self.providers,
                 self.config.default_model,
                 self.plugins,
-                user_tools=_UserTools(self),
-                cache_dir=_derivatives_dir(self.config),
-                tools=self.tools,
+                user_tools=engine_parts.UserTools(lambda: self.accounts),
+                cache_dir=engine_parts.derivatives_dir(self.config),
+                tools=tools,
                 accounting=accounting,
                 cluster=self.cluster,
                 metrics=TurnMetrics(self.registry),
             )
-            self.engine.titles.on_no_title = self.events.no_title  # `title-failed` events
-            await stack.enter_async_context(self.engine)
+            engine.titles.on_no_title = self.events.no_title  # `title-failed` events
+            await stack.enter_async_context(engine)
             for account in self.accounts:
                 if account.did:
-                    await self.store.create_space(account.did, SETTINGS, SETTINGS_SPACE)
-            await self.engine.recover(a.did for a in self.accounts if a.did)
+                    await store.create_space(account.did, SETTINGS, SETTINGS_SPACE)
+            await engine.recover(a.did for a in self.accounts if a.did)
+            feed = self._feed = FeedFollower(
+                store, state, engine, self.events, self.owners, self._stop
+            )
 
             app = create_app(self)
             # The render workers end with the service (daemon.render).
@@ -292,97 +310,24 @@ class Service:
                         served.set()
                         self._stop.set()  # uvicorn ending on its own drains the rest too
 
-                await tg.start(self._feed_loop)
+                await tg.start(feed.run)
                 tg.start_soon(serve_http)
-                tg.start_soon(self._flush_loop)
+                tg.start_soon(feed.flush_loop)
                 if on_ready is not None:
                     tg.start_soon(self._announce, server, on_ready)
 
                 await self._stop.wait()
-                self.feed_up = False
-                await self.engine.shutdown(SHUTDOWN_GRACE)
+                feed.up = False
+                await engine.shutdown(SHUTDOWN_GRACE)
                 server.should_exit = True
                 await served.wait()
                 tg.cancel_scope.cancel()
-            await self._flush_cursor()
+            await feed.flush()
             log.info("stopped")
 
     async def _announce(self, server: _Server, on_ready: Callable[[Service], None]) -> None:
         await server.ready.wait()
         on_ready(self)
-
-    # -- the change feed -----------------------------------------------------------------
-
-    async def _feed_loop(
-        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """store.changes -> engine.on_change, resuming from the last handled cursor."""
-        assert self.store is not None and self.state is not None
-        self._handled_cursor = self._saved_cursor = await self.state.get_cursor(FEED_CURSOR)
-        self.feed_up = True
-        task_status.started()  # HTTP starts after this: /healthz is never 503 at start-up
-        delay = 0.5
-        while not self._stop.is_set():
-            try:
-                self.feed_up = True
-                async with self.store.changes(self._handled_cursor) as feed:
-                    async for change in feed:
-                        if self._stop.is_set():
-                            break  # not handled, so the cursor stays before it
-                        await self._handle(change)
-                        delay = 0.5
-                        self._handled_cursor = change.cursor
-                        self._since_save += 1
-                        if self._since_save >= CURSOR_FLUSH_EVERY:
-                            await self._flush_cursor()
-                    else:
-                        # A feed that ends by itself is a backend fault: reconnect.
-                        log.warning("the change feed ended; reconnecting")
-            except Exception as err:  # noqa: BLE001 - any feed failure: log, back off, resume
-                self.feed_up = False
-                log.error("change feed failed (retrying in %.1fs): %s", delay, err)
-            if self._stop.is_set():
-                break
-            self.feed_up = False
-            await anyio.sleep(delay)
-            delay = min(delay * 2, FEED_BACKOFF_MAX)
-        await anyio.sleep_forever()  # the drain cancels us
-
-    async def _handle(self, change: Change) -> None:
-        owners = self.owners()
-        self.events.publish(change, owners)
-        for attempt in range(1, CHANGE_RETRIES + 1):
-            try:
-                await self.engine.on_change(change, owners)
-                return
-            except Exception as err:  # noqa: BLE001 - one bad change must not stop the feed
-                if attempt == CHANGE_RETRIES:
-                    log.error(
-                        "skipping change %s/%s/%s after %d attempts: %s",
-                        change.space,
-                        change.collection,
-                        change.key,
-                        attempt,
-                        err,
-                    )
-                    return
-                await anyio.sleep(0.2 * attempt)
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await anyio.sleep(CURSOR_FLUSH_SECONDS)
-            try:
-                await self._flush_cursor()
-            except Exception as err:  # noqa: BLE001 - the next flush tries again
-                log.warning("cannot save the feed cursor: %s", err)
-
-    async def _flush_cursor(self) -> None:
-        cursor = self._handled_cursor
-        if cursor is None or cursor == self._saved_cursor or self.state is None:
-            return
-        await self.state.set_cursor(FEED_CURSOR, cursor)
-        self._saved_cursor = cursor
-        self._since_save = 0
 
 
 async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
@@ -390,79 +335,3 @@ async def _close(aclose: Callable[[], Awaitable[None]]) -> None:
     worker thread would otherwise keep the process alive after ``run`` returns."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(5):
         await aclose()
-
-
-class _UserTools(Mapping[str, list[str]]):
-    """DID -> ``[accounts.X] tools``, read live: a pds account's DID may arrive late."""
-
-    def __init__(self, service: Service) -> None:
-        self._service = service
-
-    def _table(self) -> dict[str, list[str]]:
-        return {a.did: list(a.tools) for a in self._service.accounts if a.did and a.tools}
-
-    def __getitem__(self, did: str) -> list[str]:
-        return self._table()[did]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-
-def _derivatives_dir(config: Config) -> Path:
-    """Image derivatives (turns.attachments): in the data directory, by CID."""
-    base = config.store_path if config.store_kind == "local" else config.state_path.parent
-    return base / "derivatives"
-
-
-def _accounting(service: Service) -> Any:
-    """SPEC §16 from the config: prices, fallbacks, quotas by DID (read live), traces."""
-    from turns.accounting import Accounting
-
-    def quota(did: str) -> Any:
-        for account in service.accounts:
-            if account.did == did:
-                return account.quota
-        return None
-
-    counter = None
-    if service.cluster is not None:
-        from turns.quota import LocalQuotaCounter
-
-        # SPEC §18: quotas shared by the instances through Redis.
-        counter = service.cluster.quota_counter(LocalQuotaCounter(service.state))
-    return Accounting(
-        prices=service.config.prices,
-        fallbacks=service.config.fallbacks,
-        quotas=quota,
-        telemetry=service.telemetry,
-        counter=counter,
-    )
-
-
-def _open_telemetry(config: Config) -> Any:
-    from turns.telemetry import open_telemetry
-
-    try:
-        return open_telemetry(config.otel)
-    except RuntimeError as err:
-        raise ConfigError(str(err)) from None
-
-
-async def _stop_telemetry(telemetry: Any) -> None:
-    """Flush the last spans off the event loop; a dead endpoint delays the exit by at most 5 s."""
-    if not telemetry.enabled:
-        return
-    with anyio.CancelScope(shield=True), anyio.move_on_after(6):
-        await anyio.to_thread.run_sync(telemetry.shutdown, abandon_on_cancel=True)
-
-
-def load_plugins(names: list[str]) -> Any:
-    from plugins.loader import load_plugins as load
-
-    try:
-        return load(names)
-    except Exception as err:  # noqa: BLE001 - whatever a plugin raises, name the key
-        raise ConfigError(f"plugins.enabled: {str(err).splitlines()[0]}") from None

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.deps import AccountDep, ConversationDep
+from daemon.served import Served
 from recordstore import keys
 
 
@@ -29,15 +30,14 @@ class ToolList(BaseModel):
     tools: list[_Tool] = Field(default_factory=list)
 
 
-def router(service: Any) -> APIRouter:
+def router(service: Served) -> APIRouter:
     api = APIRouter(prefix="/api", tags=["tools"])
 
     @api.get("/tools")
     async def tools(acct: AccountDep) -> ToolList:
         """Every tool a message may name; listing connects an HTTP MCP source not yet
         connected. ``available`` is false for the tools of a source that is down."""
-        catalog = getattr(service, "tools", None)
-        listed = await catalog.listing() if catalog is not None else []
+        listed = await service.tools.listing()
         return ToolList(tools=[_Tool(**t) for t in listed])
 
     @api.post(
@@ -63,9 +63,9 @@ def router(service: Any) -> APIRouter:
     return api
 
 
-def tool_health(service: Any) -> dict[str, Any]:
+def tool_health(service: Served) -> dict[str, Any]:
     """For ``/healthz``: each tool source's state; a degraded one never makes it 503."""
-    catalog = getattr(service, "tools", None)
-    if catalog is None or not catalog.sources:
+    catalog = service.tools
+    if not catalog.sources:
         return {}
     return {"tools": catalog.health(), "degraded": catalog.degraded()}

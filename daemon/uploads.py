@@ -16,13 +16,17 @@ import errno
 import re
 import sqlite3
 import unicodedata
-import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
 import anyio
+
+from daemon.accounts import Account
+from daemon.errors import NamedError
+from recordstore import RecordStore, StoreError
+from recordstore.abilities import BlobUsage
 
 __all__ = [
     "UPLOADS_PER_ACCOUNT",
@@ -30,7 +34,6 @@ __all__ = [
     "UploadGuard",
     "clean_filename",
     "disk_full",
-    "guard_for",
     "storage_cap",
 ]
 
@@ -40,14 +43,8 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f]")
 
 
-class UploadError(Exception):
+class UploadError(NamedError):
     """An upload refused or failed; ``status``/``error`` are what the client gets."""
-
-    def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error = error
-        self.message = message
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -57,7 +54,7 @@ def disk_full(exc: BaseException) -> bool:
         if isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS:
             return True
         if isinstance(seen, sqlite3.Error) and (
-            getattr(seen, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            seen.sqlite_errorcode == sqlite3.SQLITE_FULL
             or "disk is full" in str(seen)
         ):
             return True
@@ -110,14 +107,13 @@ class UploadGuard:
                 del self._running[did]
 
     async def store(
-        self, store: Any, did: str, data: bytes, mime: str, cap: int | None
+        self, store: RecordStore, did: str, data: bytes, mime: str, cap: int | None
     ) -> dict[str, Any]:
         """``store.upload_blob`` within the account's cap, failures as UploadError."""
         lock = self._locks.setdefault(did, anyio.Lock())
         async with lock:
-            usage = getattr(store, "blob_usage", None)
-            if cap is not None and usage is not None:
-                used = await usage(did)
+            if cap is not None and isinstance(store, BlobUsage):
+                used = await store.blob_usage(did)
                 if used + len(data) > cap:
                     raise UploadError(
                         413,
@@ -139,29 +135,16 @@ class UploadGuard:
                 raise
 
 
-_GUARDS: weakref.WeakKeyDictionary[Any, UploadGuard] = weakref.WeakKeyDictionary()
-
-
-def guard_for(service: Any) -> UploadGuard:
-    """The one guard of ``service``, shared by ``/api/attachments`` and ``uploadBlob``."""
-    guard = _GUARDS.get(service)
-    if guard is None:
-        guard = _GUARDS[service] = UploadGuard()
-    return guard
-
-
-def storage_cap(service: Any, did: str) -> int | None:
+def storage_cap(accounts: Iterable[Account], did: str) -> int | None:
     """``[accounts.X] maxStorageBytes`` of the account with ``did``."""
-    for account in getattr(service, "accounts", ()):
+    for account in accounts:
         if account.did == did:
-            return getattr(account, "max_storage_bytes", None)
+            return account.max_storage_bytes
     return None
 
 
 def _is_client_error(exc: Exception) -> bool:
     # The store's refusals of bad input (a blob too large, a bad DID) stay 4xx.
-    import recordstore
-
-    return isinstance(exc, recordstore.StoreError) and not isinstance(
+    return isinstance(exc, StoreError) and not isinstance(
         exc.__cause__, sqlite3.Error | OSError
     )

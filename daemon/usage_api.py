@@ -17,12 +17,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query
 
 from daemon.deps import AccountDep, ConversationDep
+from daemon.served import Served
 from turns.usage import BadDate, conversation_usage, parse_day, this_month, usage_report
 
 __all__ = ["router"]
 
 
-def router(service: Any) -> APIRouter:
+def router(service: Served) -> APIRouter:
     api = APIRouter(prefix="/api", tags=["usage"])
 
     @api.get("/usage")

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from daemon.deps import AccountDep
 from daemon.markdown import render_markdown
 from daemon.render import MAX_RENDER_BYTES, RenderPool, RenderTooComplex
+from daemon.served import Served
 
 __all__ = ["CSP", "render_markdown", "router", "static_files"]
 
@@ -61,7 +62,7 @@ class RenderBody(BaseModel):
     )
 
 
-def router(service: Any) -> APIRouter:
+def router(service: Served) -> APIRouter:
     """The page's /api routes; each needs the same bearer token as the rest of /api."""
     api = APIRouter(prefix="/api", tags=["web"])
     pool = RenderPool()

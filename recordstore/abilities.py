@@ -15,6 +15,7 @@ __all__ = [
     "BatchWrites",
     "BlobCollector",
     "BlobTypes",
+    "BlobUsage",
     "KnownDids",
     "NewestFirst",
     "RepoCollections",
@@ -64,6 +65,13 @@ class BlobTypes(Protocol):
     async def blob_info(self, did: str, cid: str) -> tuple[str, int] | None:
         """``(mime type, size)`` of ``did``'s blob ``cid``, or None."""
         ...
+
+
+@runtime_checkable
+class BlobUsage(Protocol):
+    """The bytes an account's blobs take (``[accounts.X] maxStorageBytes``)."""
+
+    async def blob_usage(self, did: str) -> int: ...
 
 
 @runtime_checkable

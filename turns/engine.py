@@ -22,6 +22,7 @@ import anyio
 import httpx
 
 from plugins import PluginSet
+from plugins.sources import ToolCatalog
 from recordstore import (
     MESSAGE,
     Change,
@@ -74,7 +75,7 @@ class TurnEngine:
         user_tools: Mapping[str, list[str]] | None = None,
         metrics: TurnMetrics | None = None,
         cache_dir: Path | None = None,
-        tools: Any = None,
+        tools: ToolCatalog | None = None,
         final_writes: FinalWrites | None = None,
         maintenance_interval: float = 60,
         accounting: Accounting | None = None,

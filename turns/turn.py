@@ -25,10 +25,9 @@ import httpx
 
 from plugins import AFTER_MODEL, BEFORE_MODEL, TURN_AFTER, HookError, PluginSet, Tool, ToolContext
 from plugins.context import TurnContext
+from plugins.sources import ToolCatalog
 from recordstore import (
     MESSAGE,
-    InvalidRecord,
-    InvalidSwap,
     RecordExists,
     RecordStore,
     StoreError,
@@ -36,10 +35,9 @@ from recordstore import (
 from turns import conversations, records
 from turns.accounting import Books, TurnAccount
 from turns.address import Start, TurnAddress
-from turns.approval import ApprovalGate, Approvals, pending_reply
+from turns.approval import ApprovalGate, Approvals
 from turns.conversations import Conversation
 from turns.final_writes import FinalWrites
-from turns.fit import fit_record
 from turns.generate import run_steps, scrub
 from turns.metrics import TurnMetrics, observe_turn
 from turns.models import (
@@ -53,6 +51,7 @@ from turns.outcomes import TurnFailed, Usage
 from turns.parts import PartsBuilder
 from turns.prompt import branch, instructions
 from turns.ratelimit import Limiter
+from turns.reply import ReplyWrites, stored_status
 from turns.settings import TurnSettings
 from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
@@ -89,7 +88,7 @@ class TurnServices:
     books: Books  # usage, quotas, fallbacks, traces (SPEC §16)
     cache_dir: Path | None = None  # image derivatives, by CID (turns.attachments)
     # SPEC §14: the tools a turn may offer (plugins' and [tools.NAME] sources'), approvals.
-    tools: Any = None  # plugins.sources.ToolCatalog; None: the plugins' tools only
+    tools: ToolCatalog | None = None  # None: the plugins' tools only
     approvals: Approvals = field(default_factory=Approvals)
     tool_calls: Observe | None = None  # (source, outcome) -> the turnd_tool_calls metric
 
@@ -113,7 +112,7 @@ class Turn:
         self.effort: str | None = None
         self.tools: list[str] = []
         self.placeholder: dict[str, Any]
-        self._placeholder_cid: str
+        self._reply: ReplyWrites  # once claimed
         self._settings = services.settings()
 
     def cancel(self) -> None:
@@ -256,7 +255,7 @@ class Turn:
             s.running.pop(a, None)
             self.buffer.close()
             raise
-        self._placeholder_cid = claimed.cid
+        self._reply = ReplyWrites(s.store, a, claimed.cid)
         self._start.set("claimed")
         s.streams.claimed(a.did, a.skey, a.reply)
         return True
@@ -289,7 +288,7 @@ class Turn:
         cancelled = anyio.Event()
         gate = ApprovalGate(
             s.approvals, a.did, a.skey, a.reply, parts=parts.parts, buffer=self.buffer,
-            rewrite=self._rewrite_pending, timeout_seconds=settings.approval_timeout_seconds,
+            rewrite=partial(self._reply.rewrite_pending, self.placeholder), timeout_seconds=settings.approval_timeout_seconds,
             scope=scope,
         )
         s.metrics.running.inc()
@@ -360,16 +359,6 @@ class Turn:
         self.tools[:] = [t.name for t in offered]  # the hooks' ctx.tools is this list
         return offered
 
-    async def _rewrite_pending(self, parts: list[dict[str, Any]]) -> None:
-        """A call waits for approval: the placeholder, rewritten once with the parts so far
-        (swap on its CID, so the final write swaps on the new one)."""
-        a, store = self.address, self._s.store
-        value = await fit_record(store, a.did, pending_reply(self.placeholder, parts))
-        written = await store.put_record(
-            a.did, a.skey, MESSAGE, a.reply, value, swap_cid=self._placeholder_cid
-        )
-        self._placeholder_cid = written.cid
-
     # -- 10. finishing ---------------------------------------------------------------------
 
     async def _finish(
@@ -392,7 +381,7 @@ class Turn:
             except HookError as exc:
                 record = records.failed(record, scrub(str(exc), s.secrets))
             try:
-                record = await self._write_final(record)
+                record = await self._reply.final(record)
                 written = True
                 s.final_writes.succeeded()
             except StoreError as exc:
@@ -400,7 +389,7 @@ class Turn:
                 log.error("could not store the reply %s/%s: %s", a.skey, a.reply, exc)
                 s.final_writes.retry(
                     f"{a.skey}/{a.reply}",
-                    partial(self._write_final, record),
+                    partial(self._reply.final, record),
                     partial(s.state.drop_claim, a.did, a.skey, a.reply),
                 )
                 record = records.failed(
@@ -433,30 +422,8 @@ class Turn:
                 log.exception("turn:after hook failed for %s/%s", a.skey, a.reply)
         return True
 
-    async def _write_final(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Put the final record; large tool outputs go to blobs; what cannot be stored is an error.
-
-        StoreError (the store refused or could not be reached) goes to the caller.
-        """
-        a, store = self.address, self._s.store
-        record = await fit_record(store, a.did, record)
-        swap = self._placeholder_cid
-        try:
-            await store.put_record(a.did, a.skey, MESSAGE, a.reply, record, swap_cid=swap)
-            return record
-        except InvalidSwap:
-            log.warning("reply %s/%s was changed by someone else; not overwritten", a.skey, a.reply)
-            return record
-        except InvalidRecord as exc:
-            fallback = records.unstorable(record, exc)
-            await store.put_record(a.did, a.skey, MESSAGE, a.reply, fallback, swap_cid=swap)
-            return fallback
-
     async def _close_with_stored_status(self, buffer: StreamBuffer) -> None:
-        a = self.address
-        record = await self._s.store.get_record(a.did, a.skey, MESSAGE, a.reply)
-        status = record.value.get("status", "pending") if record else "pending"
-        buffer.publish("status", {"status": status})
+        buffer.publish("status", {"status": await stored_status(self._s.store, self.address)})
         buffer.close()
 
     def _observe(self, record: Mapping[str, Any], ttft: float | None, duration: float) -> None:
