@@ -524,6 +524,8 @@ def test_error_reply_and_retry(page: Any, api: httpx.Client) -> None:
     wait_status(reply, "error")
     alert = reply.get_by_role("alert")
     assert "Error" in alert.inner_text()
+    # One way to ask again: Retry, no Regenerate beside it.
+    assert reply.get_by_role("button", name="Regenerate").count() == 0
     shot(page, "11-error")
     alert.get_by_role("button", name="Retry").click()
     page.locator("li.reply .nav .count", has_text="2/2").wait_for()

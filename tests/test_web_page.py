@@ -203,6 +203,21 @@ def test_opens_at_the_newest_message_in_a_centred_column(page: Any, api: httpx.C
         }"""
     )
     assert row == {"beside": True, "inside": True}, row
+    # The model picker shows the model's whole name (it was cut off on a phone).
+    fits = page.evaluate(
+        """() => {
+          const select = document.getElementById('model');
+          const probe = document.createElement('span');
+          probe.style.font = getComputedStyle(select).font;
+          probe.style.whiteSpace = 'pre';
+          probe.textContent = select.options[select.selectedIndex].text;
+          document.body.append(probe);
+          const need = probe.getBoundingClientRect().width;
+          probe.remove();
+          return need < select.clientWidth - 16;
+        }"""
+    )
+    assert fits
     shot(page, "21-phone-newest")
 
 
