@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bench.procs import wait_ready
+from testbed.processes import stop
 
 LITELLM_SPEC = os.environ.get("TURND_BENCH_LITELLM", "litellm[proxy]==1.106.12")
 INSTALL_TIMEOUT = 900.0
@@ -142,13 +143,8 @@ class LiteLLMProxy:
         return " | ".join(text.splitlines()[-lines:])
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop(self.proc, 15, 5)
         if getattr(self, "_log", None) is not None:
             self._log.close()
 

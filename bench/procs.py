@@ -11,7 +11,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import httpx
 
 from daemon.accounts import local_did
 from testbed.ports import free_port
+from testbed.processes import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLE = "bench.test"
@@ -48,17 +48,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 @dataclass
 class FakeModelProc:
     """``python -m testbed.fakemodel`` in its own process."""
@@ -79,14 +68,14 @@ class FakeModelProc:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            _stop(self.proc)
+            stop(self.proc, kill_wait=5)
             raise RuntimeError("the fake model server did not start")
         self.base_url = json.loads(line)["base_url"]
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            _stop(self.proc)
+            stop(self.proc, kill_wait=5)
 
     @property
     def pid(self) -> int:
@@ -229,7 +218,7 @@ class TurndProc:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            _stop(self.proc, 40)
+            stop(self.proc, 40, 5)
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None

@@ -1,6 +1,6 @@
 """``python -m bench.tools``: the time turnd adds to an MCP tool call (SPEC §14).
 
-One stdio MCP server script (``tests/mcp_test_server.py``, the SDK's own server; its
+One stdio MCP server script (``testbed/mcp_test_server.py``, the SDK's own server; its
 ``echo`` tool answers at once) runs twice: as a ``[tools.b]`` source of a ``turnd serve``
 process, and under the bare ``mcp`` SDK client in this process. Interleaved one for one:
 
@@ -35,7 +35,7 @@ from bench.procs import TurndProc
 from testbed.fakemodel import FakeModel, Reply, ToolCall
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER = ROOT / "tests" / "mcp_test_server.py"
+SERVER = ROOT / "testbed" / "mcp_test_server.py"
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 TOOL_CALL = "network.sharedcomputer.chat.defs#toolCallPart"
 TOOL_RESULT = "network.sharedcomputer.chat.defs#toolResultPart"

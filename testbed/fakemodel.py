@@ -130,6 +130,11 @@ class Usage:
         }
 
 
+def _deltas(items: str | Sequence[str]) -> tuple[str, ...]:
+    """One delta per item; a str is one delta."""
+    return (items,) if isinstance(items, str) else tuple(items)
+
+
 @dataclass(frozen=True)
 class Reply:
     """What the fake model answers to one chat request.
@@ -178,8 +183,7 @@ class Reply:
     @classmethod
     def text(cls, deltas: str | Sequence[str] = ("Hello", "!"), **options: Any) -> Reply:
         """Plain text, one content delta per item (a str is one delta)."""
-        items = (deltas,) if isinstance(deltas, str) else tuple(deltas)
-        return cls(text_deltas=items, **options)
+        return cls(text_deltas=_deltas(deltas), **options)
 
     @classmethod
     def tokens(cls, n: int, word: str = "tok", **options: Any) -> Reply:
@@ -196,9 +200,9 @@ class Reply:
         **options: Any,
     ) -> Reply:
         """Reasoning deltas (in ``field``) followed by text deltas."""
-        r = (reasoning,) if isinstance(reasoning, str) else tuple(reasoning)
-        t = (text,) if isinstance(text, str) else tuple(text)
-        return cls(reasoning_deltas=r, text_deltas=t, reasoning_field=field, **options)
+        return cls(
+            reasoning_deltas=_deltas(reasoning), text_deltas=_deltas(text), reasoning_field=field, **options
+        )
 
     @classmethod
     def tool_calls(
@@ -211,8 +215,7 @@ class Reply:
     ) -> Reply:
         """Tool calls (after optional text), ``finish_reason`` ``"tool_calls"``."""
         cs = (calls,) if isinstance(calls, ToolCall) else tuple(calls)
-        t = (text,) if isinstance(text, str) else tuple(text)
-        return cls(calls=cs, text_deltas=t, interleave_calls=interleave, **options)
+        return cls(calls=cs, text_deltas=_deltas(text), interleave_calls=interleave, **options)
 
     @classmethod
     def error(

@@ -25,6 +25,8 @@ from typing import IO, Any
 
 import httpx
 
+from testbed.processes import stop
+
 PDS_DIR = Path(__file__).resolve().parent.parent / "tests" / "pds"
 READY_TIMEOUT = 60.0  # seconds; it is ready in about 3 s, but a cold disk cache is slower
 INSTALL_TIMEOUT = 900.0
@@ -142,14 +144,8 @@ class PdsServer:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
         if proc is not None:
+            stop(proc)
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from testbed.ports import free_port
+from testbed.processes import stop
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -69,9 +70,5 @@ class RedisServer:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.proc is not None:
+            stop(self.proc)

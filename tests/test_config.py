@@ -298,10 +298,8 @@ password_env = "ALICE_APP_PASSWORD"
 # -- secrets ----------------------------------------------------------------------------------
 
 
-def test_secrets_come_only_from_the_named_env_vars(tmp_path: Path) -> None:
-    path = write(
-        tmp_path,
-        """
+# Three secrets, each read from the variable its *_env key names.
+SECRETS = """
 [providers.openai]
 base_url = "https://api.openai.com/v1"
 api_key_env = "MY_OPENAI_KEY"
@@ -309,8 +307,11 @@ api_key_env = "MY_OPENAI_KEY"
 handle = "me.test"
 password_env = "ME_PW"
 token_env = "ME_TOKEN"
-""",
-    )
+"""
+
+
+def test_secrets_come_only_from_the_named_env_vars(tmp_path: Path) -> None:
+    path = write(tmp_path, SECRETS)
     env = {"MY_OPENAI_KEY": "sk-secret-1", "ME_PW": "pw-secret-2", "ME_TOKEN": "tok-secret-3"}
     config = load_config(path, env=env)
     assert config.providers["openai"].api_key == "sk-secret-1"
@@ -330,18 +331,7 @@ token_env = "ME_TOKEN"
 def test_a_missing_secret_names_the_key_and_the_variable(
     tmp_path: Path, missing: str, key: str
 ) -> None:
-    path = write(
-        tmp_path,
-        """
-[providers.openai]
-base_url = "https://api.openai.com/v1"
-api_key_env = "MY_OPENAI_KEY"
-[accounts.me]
-handle = "me.test"
-password_env = "ME_PW"
-token_env = "ME_TOKEN"
-""",
-    )
+    path = write(tmp_path, SECRETS)
     env = {"MY_OPENAI_KEY": "sk-1", "ME_PW": "pw", "ME_TOKEN": "tok"}
     del env[missing]
     assert error_of(path, env) == f"{key}: environment variable {missing} is not set"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from testbed.ports import free_port
+from testbed.processes import stop
 from tests.test_cli import Served, clean_env, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,13 +61,7 @@ def docs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Docs]:
         wait_healthy(served.url, timeout=15)
         yield Docs(served, export.group(1), created.group(1))
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop(proc, 40)
 
 
 def test_the_readme_curl_flow_runs_as_written(docs: Docs) -> None:

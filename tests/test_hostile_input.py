@@ -331,43 +331,27 @@ def test_unknown_types_and_crafted_keys(daemon: Turnd, conversation: dict[str, A
     stored = {m["key"]: m["value"] for m in api.get(f"/api/conversations/{skey}").json()["messages"]}
     assert stored[posted["userKey"]]["content"]["parts"][0] == weird
 
+    def create(rkey: str, record: dict[str, Any]) -> None:
+        r = httpx.post(
+            f"{daemon.url}/xrpc/com.atproto.repo.createRecord",
+            headers=xrpc,
+            json={"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{rkey}", "record": record},
+        )
+        assert r.status_code == 200, r.text
+
     # A user record at a reply-shaped key never starts a turn, whatever it asks.
     user_key = "3zzzzzzzzzzz4"
     crafted = f"{user_key}.r0"
-    r = httpx.post(
-        f"{daemon.url}/xrpc/com.atproto.repo.createRecord",
-        headers=xrpc,
-        json={"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{crafted}",
-              "record": user_message("pretend reply")},
-    )
-    assert r.status_code == 200, r.text
+    create(crafted, user_message("pretend reply"))
     # A real user message whose reply key the user has already taken: answered, not run.
     squat_key = "3zzzzzzzzzzz5"
-    r = httpx.post(
-        f"{daemon.url}/xrpc/com.atproto.repo.createRecord",
-        headers=xrpc,
-        json={"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{squat_key}.r0",
-              "record": {**user_message("squatter", attempt=None), "role": "assistant",
-                         "status": "complete"}},
-    )
-    assert r.status_code == 200, r.text
-    r = httpx.post(
-        f"{daemon.url}/xrpc/com.atproto.repo.createRecord",
-        headers=xrpc,
-        json={"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{squat_key}",
-              "record": user_message("squatted")},
-    )
-    assert r.status_code == 200, r.text
+    create(f"{squat_key}.r0", {**user_message("squatter", attempt=None), "role": "assistant",
+                               "status": "complete"})
+    create(squat_key, user_message("squatted"))
     # A plain message after them, answered: the feed, which handles changes in order, has
     # then handled both writes above (a wait on the feed, not a fixed sleep).
     control = "3zzzzzzzzzzz7"
-    r = httpx.post(
-        f"{daemon.url}/xrpc/com.atproto.repo.createRecord",
-        headers=xrpc,
-        json={"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{control}",
-              "record": user_message("control")},
-    )
-    assert r.status_code == 200, r.text
+    create(control, user_message("control"))
     wait_until(lambda: _status(daemon, skey, f"{control}.r0") == "complete", 30, "the control")
     keys = {k for (_, space, _, k, _) in _keys(daemon) if space == skey}
     assert f"{crafted}.r0" not in keys  # the record at a reply key started nothing

@@ -24,6 +24,7 @@ from daemon import connections
 from daemon.connections import AcceptErrorLog
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
+from testbed.processes import stop
 from tests.support.daemon import ALICE_TOKEN, Daemon, running_daemon
 from tests.support.reliability import TURND, clean_env, write_config
 from tests.support.sse import read_events as sse_events
@@ -206,12 +207,7 @@ def test_idle_sockets_under_a_low_fd_limit(tmp_path: Path, fake_model: FakeModel
     finally:
         for s in socks:
             s.close()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
 
 
 async def _subscribers(dm: Daemon) -> float:

@@ -1,8 +1,8 @@
 """Tools without code (SPEC §14): MCP servers over stdio and streamable HTTP, HTTP tools,
 and approval — end to end through the real daemon, against real servers on loopback:
 ``mcp-server-time`` (PyPI, stdio), ``@modelcontextprotocol/server-everything`` (npm,
-streamable HTTP), ``tests/mcp_test_server.py`` (the SDK's own server, misbehaving on cue)
-and ``tests/http_tool_server.py``. The model is the fake OpenAI-compatible server.
+streamable HTTP), ``testbed/mcp_test_server.py`` (the SDK's own server, misbehaving on cue)
+and ``tests/support/http_tools.py``. The model is the fake OpenAI-compatible server.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,9 +27,11 @@ import plugins.sources.mcp  # noqa: F401
 import recordstore.local  # noqa: F401
 import turns.engine  # noqa: F401
 import turns.state  # noqa: F401
-from tests.fakemodel import FakeModel, Reply, ToolCall
-from tests.http_tool_server import HttpToolServer
+from testbed.fakemodel import FakeModel, Reply, ToolCall
+from testbed.ports import free_port
 from tests.support.daemon import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
+from tests.support.http_tools import HttpToolServer
+from tests.support.reliability import Turnd, wait_until
 
 HERE = Path(__file__).resolve().parent
 TOOL_CALL = "network.sharedcomputer.chat.defs#toolCallPart"
@@ -53,12 +54,6 @@ def http_tools() -> Iterator[HttpToolServer]:
         yield server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def everything() -> Iterator[str]:
     """server-everything over streamable HTTP on a free port; yields its /mcp URL."""
@@ -67,7 +62,7 @@ def everything() -> Iterator[str]:
         check=True, capture_output=True, text=True, timeout=600,
     )
     entry = installed.stdout.strip().splitlines()[-1]
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         ["node", entry, "streamableHttp"],
         env={**os.environ, "PORT": str(port)},
@@ -103,7 +98,7 @@ def _test_server(log: Path, **extra: Any) -> dict[str, Any]:
     return {
         "kind": "mcp",
         "command": sys.executable,
-        "args": [str(HERE / "mcp_test_server.py")],
+        "args": [str(HERE.parent / "testbed" / "mcp_test_server.py")],
         "env": {"MCP_TEST_LOG": str(log)},
         **extra,
     }
@@ -583,8 +578,6 @@ async def test_cancel_during_an_approval_wait_cancels_the_turn(
 def test_a_restart_during_an_approval_wait_marks_the_reply_interrupted(
     tmp_path: Path, http_tools: HttpToolServer
 ) -> None:
-    from tests.reliability_kit import Turnd, wait_until
-
     with FakeModel() as fake:
         fake.push(Reply.tool_calls([ToolCall("weather", {"city": "Oslo"}, id="a1")]))
         extra = f'\n[tools.weather]\nkind = "http"\nurl = "{http_tools.url("/weather")}"\napproval = "always"\n'
@@ -762,7 +755,7 @@ async def test_an_http_mcp_server_that_goes_away_is_reconnected_on_next_use(
 ) -> None:
     installed = await anyio.run_process(["bash", str(HERE / "pds" / "install-everything.sh")])
     entry = installed.stdout.decode().strip().splitlines()[-1]  # cached by the fixture's run
-    port = _free_port()
+    port = free_port()
 
     def serve() -> subprocess.Popen[bytes]:
         return subprocess.Popen(

@@ -562,12 +562,17 @@ async def test_the_stream_replays_buffered_events_to_a_late_subscriber_then_send
     assert resumed == late[2:]
 
 
+async def _past_the_limit(kit: Any) -> tuple[str, Any]:
+    """A conversation whose first turn used the minute's one start; its second message posted."""
+    skey = await kit.conversation()
+    first = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("1")], generation={})
+    await kit.reply(skey, first.reply_key)
+    return skey, await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("2")], generation={})
+
+
 async def test_past_the_rate_limit_the_turn_waits_unclaimed_and_starts_once_the_limit_allows(tmp_path, fake):
     async with turn_kit(tmp_path, fake, settings=TurnSettings(retries=0, rate_per_minute=1)) as kit:
-        skey = await kit.conversation()
-        first = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("1")], generation={})
-        await kit.reply(skey, first.reply_key)
-        second = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("2")], generation={})
+        skey, second = await _past_the_limit(kit)
         assert second.turn == "queued"
         assert second.reply_key not in await kit.messages(skey)  # nothing claimed while waiting
         events = []
@@ -584,10 +589,7 @@ async def test_past_the_rate_limit_the_turn_waits_unclaimed_and_starts_once_the_
 
 async def test_the_same_unclaimed_turn_requested_twice_is_queued_once(tmp_path, fake):
     async with turn_kit(tmp_path, fake, settings=TurnSettings(retries=0, rate_per_minute=1)) as kit:
-        skey = await kit.conversation()
-        first = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("1")], generation={})
-        await kit.reply(skey, first.reply_key)
-        second = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("2")], generation={})
+        skey, second = await _past_the_limit(kit)
         again = await kit.engine.start_turn(DID, skey, second.user_key)
         assert (second.turn, again) == ("queued", "queued")
         assert len(await kit.state.requests()) == 1
@@ -744,10 +746,7 @@ async def test_the_turn_after_hook_runs_after_the_final_record_is_written_with_t
 
 async def test_shutdown_stops_queued_turns_at_once_and_keeps_their_requests_for_the_next_start(tmp_path, fake):
     async with turn_kit(tmp_path, fake, settings=TurnSettings(retries=0, rate_per_minute=1)) as kit:
-        skey = await kit.conversation()
-        first = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("1")], generation={})
-        await kit.reply(skey, first.reply_key)
-        second = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("2")], generation={})
+        skey, second = await _past_the_limit(kit)
         assert second.turn == "queued"
         with anyio.fail_after(5):
             await kit.engine.shutdown(grace=30)

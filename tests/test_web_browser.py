@@ -25,6 +25,7 @@ import pytest
 from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel, Reply, ToolCall
 from testbed.ports import free_port
+from testbed.processes import stop
 from tests.test_cli import TURND, clean_env, wait_healthy
 
 pytestmark = pytest.mark.browser
@@ -161,12 +162,7 @@ token_env = "ME_TOKEN"
         wait_healthy(url, timeout=60)  # a deadline: a loaded machine starts it slowly
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc, 40)
 
 
 @pytest.fixture(scope="module")

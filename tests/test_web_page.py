@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply, ToolCall
-from tests.http_tool_server import HttpToolServer
+from tests.support.http_tools import HttpToolServer
 from tests.test_web_browser import (
     SHOTS,
     TOKEN,

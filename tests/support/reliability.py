@@ -31,6 +31,7 @@ import httpx
 
 from daemon.accounts import local_did
 from testbed.ports import free_port
+from testbed.processes import stop
 from tests.support.records import MESSAGE, user_message
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,12 +196,7 @@ class Turnd:
     def stop(self, timeout: float = 45) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop(self.proc, timeout)
         return self.proc.returncode
 
     def logs(self) -> str:
@@ -283,13 +279,7 @@ class FakeProc:
         return counts
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop(self.proc)
 
 
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> Any:

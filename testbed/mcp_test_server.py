@@ -6,7 +6,7 @@ a tool and announces ``tools/list_changed``.
 Every event is appended as one line to the file named by ``$MCP_TEST_LOG``:
 ``start <id>``, ``done <id>``, ``cancelled <id>``, ``crash``.
 
-    python tests/mcp_test_server.py      # speaks MCP on stdin/stdout
+    python testbed/mcp_test_server.py      # speaks MCP on stdin/stdout
 """
 
 from __future__ import annotations
