@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from plugins import Plugin, PluginSet, Tool
-from testbed.fakemodel import FakeModel, Reply, ToolCall
+from testbed.fakemodel import Reply, ToolCall
 from tests.support.records import text_part
 from tests.support.turnkit import DID, turn_kit
 from turns.accounting import Accounting
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.anyio
 
 FAKE = {"provider": "fake", "id": "fake-model"}
 BACKUP = {"provider": "other", "id": "backup"}
-
-
-@pytest.fixture
-def fake():
-    with FakeModel() as server:
-        yield server
 
 
 class Clock:
@@ -195,10 +189,7 @@ async def test_a_tool_turn_has_one_usage_row_per_step_and_no_content_in_the_stat
         tmp_path, fake, plugins=PluginSet([plugin]), accounting=Accounting(prices=prices)
     ) as kit:
         skey = await kit.conversation()
-        posted = await kit.engine.post_message(
-            DID, skey, parent=None, parts=[text_part("USER-PROMPT-TEXT")],
-            generation={"tools": ["lookup"]},
-        )
+        posted = await kit.post(skey, "USER-PROMPT-TEXT", tools=["lookup"])
         events = await kit.events(skey, posted.reply_key)
         final = await kit.reply(skey, posted.reply_key)
         rows = await kit.state.usage_rows(DID)

@@ -19,7 +19,8 @@ from recordstore.cid import record_cid
 from recordstore.vocabulary import IMAGE_PART, MESSAGE, PLAIN_CONTENT, TEXT_PART
 from testbed.fakemodel import FakeModel
 from testbed.pds import install
-from tests.support.daemon import ALICE, ALICE_PASSWORD, running_daemon
+from tests.support.accounts import ALICE, ALICE_PASSWORD
+from tests.support.daemon import running_daemon
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pds]
 

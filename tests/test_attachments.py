@@ -26,12 +26,6 @@ pytestmark = pytest.mark.anyio
 DEFS = "network.sharedcomputer.chat.defs"
 
 
-@pytest.fixture
-def fake():
-    with FakeModel() as server:
-        yield server
-
-
 def png(width: int, height: int) -> bytes:
     image = Image.new("RGB", (width, height), (40, 90, 160))
     draw = ImageDraw.Draw(image)

@@ -8,16 +8,13 @@ no secrets), SIGTERM draining a running turn, a second signal exiting at once.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,93 +24,17 @@ import pytest
 
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
+from tests.support.cli import (
+    TURND,
+    Served,
+    clean_env,
+    fake_config,
+    turnd,
+    wait_healthy,
+)
 
-TURND = str(Path(sys.executable).parent / "turnd")
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 MESSAGE = "network.sharedcomputer.chat.message"
-
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """No provider keys or TURND_* from the host: the tests pick the echo themselves."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("TURND_") and k not in ("OPENAI_API_KEY", "OPENROUTER_API_KEY")
-    }
-    env.update(extra)
-    return env
-
-
-@dataclass
-class Served:
-    proc: subprocess.Popen[bytes]
-    out: Path
-    err: Path
-    url: str
-
-    def stdout(self) -> str:
-        return self.out.read_text()
-
-    def stderr(self) -> str:
-        return self.err.read_text()
-
-    def wait_for(self, pattern: str, timeout: float = 60, *, stderr: bool = False) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.stderr() if stderr else self.stdout())
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                raise AssertionError(f"turnd exited {self.proc.returncode}: {self.stderr()}")
-            time.sleep(0.05)
-        raise AssertionError(f"no {pattern!r} in {self.stdout()!r} / {self.stderr()!r}")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
-
-
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Any]:
-    started: list[Served] = []
-
-    def start(cwd: Path, env: dict[str, str], *args: str) -> Served:
-        n = len(started)
-        out, err = tmp_path / f"serve{n}.out", tmp_path / f"serve{n}.err"
-        with out.open("wb") as o, err.open("wb") as e:
-            proc = subprocess.Popen([TURND, "serve", *args], cwd=cwd, env=env, stdout=o, stderr=e)
-        listen = env.get("TURND_HTTP_LISTEN", "127.0.0.1:8787")
-        served = Served(proc, out, err, f"http://{listen}")
-        started.append(served)
-        return served
-
-    yield start
-    for served in started:  # only the processes this test started, by their handle
-        if served.proc.poll() is None:
-            served.proc.kill()
-            served.proc.wait(10)
-
-
-def wait_healthy(url: str, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = httpx.get(f"{url}/healthz", timeout=2)
-            if last.status_code == 200:
-                return
-        except httpx.HTTPError as err:
-            last = err
-        time.sleep(0.05)
-    raise AssertionError(f"/healthz not 200 after {timeout}s: {last}")
-
-
-def turnd(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [TURND, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=90
-    )
 
 
 # -- the README's path: no config at all ------------------------------------------------------
@@ -263,28 +184,6 @@ def test_init_then_serve_with_json_logs(tmp_path: Path, serve: Any) -> None:
 # -- shutdown ---------------------------------------------------------------------------------
 
 
-def _fake_config(tmp_path: Path, fake: FakeModel, port: int) -> tuple[Path, dict[str, str]]:
-    conf = tmp_path / "turnd.toml"
-    conf.write_text(
-        f"""
-[http]
-listen = "127.0.0.1:{port}"
-[models]
-default = "fake:fake-model"
-[providers.fake]
-base_url = "{fake.base_url}"
-api_key_env = "FAKE_KEY"
-[accounts.me]
-handle = "me.test"
-password_env = "ME_PASSWORD"
-token_env = "ME_TOKEN"
-"""
-    )
-    env = clean_env(FAKE_KEY="sk-fake-123456", ME_PASSWORD="pw-123456789", ME_TOKEN="tok-123456789")
-    env["TURND_HTTP_LISTEN"] = f"127.0.0.1:{port}"  # the same as the file; tells Served its URL
-    return conf, env
-
-
 def _start_turn(url: str) -> tuple[httpx.Client, str, str]:
     api = httpx.Client(base_url=url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10)
     skey = api.post("/api/conversations", json={}).json()["skey"]
@@ -295,6 +194,24 @@ def _start_turn(url: str) -> tuple[httpx.Client, str, str]:
     assert posted.status_code == 201, posted.text
     assert posted.json()["turn"] == "claimed"
     return api, skey, posted.json()["replyKey"]
+
+
+def _serving_a_turn(
+    tmp_path: Path, serve: Any, fake: FakeModel
+) -> tuple[Served, str, str, Callable[[], Served]]:
+    """``turnd serve`` on ``fake``, with a turn started that the model has begun answering;
+    the last item starts the same daemon again."""
+    conf, env = fake_config(tmp_path, fake.base_url, free_port())
+
+    def start() -> Served:
+        served = serve(tmp_path, env, "--config", str(conf))
+        served.wait_for(r"turnd: serving")
+        return served
+
+    daemon = start()
+    _, skey, reply = _start_turn(daemon.url)
+    fake.wait_for_requests(1, timeout=20)
+    return daemon, skey, reply, start
 
 
 async def _stored_reply(data_dir: Path, skey: str, reply: str) -> dict[str, Any]:
@@ -310,11 +227,7 @@ async def _stored_reply(data_dir: Path, skey: str, reply: str) -> dict[str, Any]
 def test_sigterm_lets_a_running_turn_finish(tmp_path: Path, serve: Any) -> None:
     slow = Reply.text(["one ", "two ", "three ", "four"]).delayed(chunk_delay=0.8)
     with FakeModel(default=slow) as fake:
-        conf, env = _fake_config(tmp_path, fake, free_port())
-        daemon = serve(tmp_path, env, "--config", str(conf))
-        daemon.wait_for(r"turnd: serving")
-        _, skey, reply = _start_turn(daemon.url)
-        fake.wait_for_requests(1, timeout=20)
+        daemon, skey, reply, _ = _serving_a_turn(tmp_path, serve, fake)
         # Still streaming when the signal comes (about 3 s of chunks are left)...
         assert not fake.last_request.finished
         assert daemon.stop(signal.SIGTERM) == 0
@@ -330,11 +243,7 @@ def test_a_second_signal_exits_at_once_and_restart_marks_it_interrupted(
 ) -> None:
     stalled = Reply.text(["never ", "ends"]).delayed(ttft=120)
     with FakeModel(default=stalled) as fake:
-        conf, env = _fake_config(tmp_path, fake, free_port())
-        daemon = serve(tmp_path, env, "--config", str(conf))
-        daemon.wait_for(r"turnd: serving")
-        _, skey, reply = _start_turn(daemon.url)
-        fake.wait_for_requests(1, timeout=20)
+        daemon, skey, reply, start_again = _serving_a_turn(tmp_path, serve, fake)
         daemon.proc.send_signal(signal.SIGTERM)
         daemon.wait_for(r"stopping: no new turns", stderr=True)
         assert daemon.proc.poll() is None  # draining: the turn has up to 30 s
@@ -344,8 +253,7 @@ def test_a_second_signal_exits_at_once_and_restart_marks_it_interrupted(
         assert "exiting now" in daemon.stderr()
 
         # the next start writes our interrupted claim as an error, not a retry
-        restarted = serve(tmp_path, env, "--config", str(conf))
-        restarted.wait_for(r"turnd: serving")
+        restarted = start_again()
         value = anyio.run(_stored_reply, tmp_path / "turnd-data", skey, reply)
         assert value["status"] == "error" and value["error"] == "interrupted"
         assert fake.request_count == 1  # no second generation

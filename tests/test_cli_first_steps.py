@@ -23,9 +23,16 @@ import httpx
 
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
-from tests.test_cli import TURND, _fake_config, clean_env, serve, turnd, wait_healthy
-
-__all__ = ["serve"]  # the fixture, shared with test_cli
+from tests.support.cli import (
+    ME_PASSWORD,
+    ME_TOKEN,
+    TURND,
+    clean_env,
+    fake_config,
+    me_config,
+    turnd,
+    wait_healthy,
+)
 
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 
@@ -49,7 +56,7 @@ def _store_files(data: Path) -> set[str]:
 def test_send_without_a_daemon_fails_fast_in_one_line(tmp_path: Path) -> None:
     with FakeModel() as fake:
         port = free_port()  # nothing listens there
-        conf, env = _fake_config(tmp_path, fake, port)
+        conf, env = fake_config(tmp_path, fake.base_url, port)
         sent = turnd("send", "--config", str(conf), "hello", cwd=tmp_path, env=env)
         assert fake.request_count == 0
     assert sent.returncode == 1
@@ -64,7 +71,7 @@ def test_send_refuses_a_missing_conversation_or_provider_and_writes_nothing(
     tmp_path: Path, serve: Any
 ) -> None:
     with FakeModel() as fake:
-        conf, env = _fake_config(tmp_path, fake, free_port())
+        conf, env = fake_config(tmp_path, fake.base_url, free_port())
         daemon = serve(tmp_path, env, "--config", str(conf))
         daemon.wait_for(r"turnd: serving", timeout=30)
         wait_healthy(daemon.url, timeout=15)
@@ -108,7 +115,7 @@ def test_send_refuses_a_missing_conversation_or_provider_and_writes_nothing(
 def test_send_notices_a_daemon_that_died_mid_reply(tmp_path: Path, serve: Any) -> None:
     slow = Reply.text(["one ", "two ", "three ", "four"]).delayed(chunk_delay=30)
     with FakeModel(default=slow) as fake:
-        conf, env = _fake_config(tmp_path, fake, free_port())
+        conf, env = fake_config(tmp_path, fake.base_url, free_port())
         daemon = serve(tmp_path, env, "--config", str(conf))
         daemon.wait_for(r"turnd: serving", timeout=30)
         wait_healthy(daemon.url, timeout=15)
@@ -134,39 +141,28 @@ def test_send_notices_a_daemon_that_died_mid_reply(tmp_path: Path, serve: Any) -
     ), err
 
 
-def _provider_config(tmp_path: Path, port: int, providers: str, default: str) -> Path:
-    conf = tmp_path / "turnd.toml"
-    conf.write_text(
-        f"""
-[http]
-listen = "127.0.0.1:{port}"
-[models]
-default = "{default}"
-[turns]
-retries = 0
-titleModel = ""
-{providers}
-[accounts.me]
-handle = "me.test"
-password_env = "ME_PASSWORD"
-token_env = "ME_TOKEN"
-"""
-    )
-    return conf
+def _provider_config(
+    tmp_path: Path, providers: str, default: str, **secrets: str
+) -> tuple[Path, dict[str, str]]:
+    """A config on ``providers`` listening on a free port, and its environment (the
+    account's secrets and ``secrets``)."""
+    port = free_port()
+    turns = '[turns]\nretries = 0\ntitleModel = ""'
+    conf = me_config(tmp_path, port, default=default, providers=providers, turns=turns)
+    env = clean_env(ME_PASSWORD=ME_PASSWORD, ME_TOKEN=ME_TOKEN, TURND_HTTP_LISTEN=f"127.0.0.1:{port}", **secrets)
+    return conf, env
 
 
 def test_a_provider_without_a_models_list_offers_what_its_models_answers(
     tmp_path: Path, serve: Any
 ) -> None:
     with FakeModel(models=["alpha-1", "beta-2"], api_key="sk-listing-key-1") as fake:
-        port = free_port()
-        conf = _provider_config(
-            tmp_path, port,
+        conf, env = _provider_config(
+            tmp_path,
             f'[providers.lister]\nbase_url = "{fake.base_url}"\napi_key_env = "LISTER_KEY"\n',
             "echo:echo",
+            LISTER_KEY="sk-listing-key-1",
         )
-        env = clean_env(ME_PASSWORD="pw-123456789", ME_TOKEN="tok-123456789",
-                        LISTER_KEY="sk-listing-key-1", TURND_HTTP_LISTEN=f"127.0.0.1:{port}")
         checked = turnd("check", "--config", str(conf), cwd=tmp_path, env=env)
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert re.search(r"^ok\s+provider\s+lister .*: 2 models \(alpha-1, beta-2\)$",
@@ -197,15 +193,13 @@ def _listings(fake: FakeModel) -> int:
 def test_serve_warns_about_an_unreachable_default_and_errors_name_the_provider(
     tmp_path: Path, serve: Any
 ) -> None:
-    port = free_port()
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    conf = _provider_config(
-        tmp_path, port,
+    conf, env = _provider_config(
+        tmp_path,
         f'[providers.down]\nbase_url = "{dead}"\napi_key_env = "DOWN_KEY"\nmodels = ["m"]\n',
         "down:m",
+        DOWN_KEY="sk-secret-down-key",
     )
-    env = clean_env(ME_PASSWORD="pw-123456789", ME_TOKEN="tok-123456789",
-                    DOWN_KEY="sk-secret-down-key", TURND_HTTP_LISTEN=f"127.0.0.1:{port}")
     daemon = serve(tmp_path, env, "--config", str(conf))
     daemon.wait_for(r"turnd: serving", timeout=30)
     warned = daemon.wait_for(
@@ -265,7 +259,7 @@ def test_a_second_ctrl_c_to_the_process_group_exits_without_tracebacks(
 ) -> None:
     stalled = Reply.text(["never ", "ends"]).delayed(ttft=120)
     with FakeModel(default=stalled) as fake:
-        conf, env = _fake_config(tmp_path, fake, free_port())
+        conf, env = fake_config(tmp_path, fake.base_url, free_port())
         out, err = tmp_path / "serve.out", tmp_path / "serve.err"
         with out.open("wb") as o, err.open("wb") as e:
             # Its own session: a terminal's Ctrl-C goes to the whole foreground group,

@@ -9,7 +9,7 @@ import pytest
 
 from recordstore import MESSAGE, SUMMARY
 from recordstore.keys import new_tid
-from testbed.fakemodel import FakeModel, Reply
+from testbed.fakemodel import Reply
 from tests.support.records import text_part
 from tests.support.turnkit import DID, turn_kit
 from turns.context import ContextWindow, too_long
@@ -82,12 +82,6 @@ TOO_LONG = {
         }
     },
 }
-
-
-@pytest.fixture
-def fake():
-    with FakeModel() as server:
-        yield server
 
 
 def texts(value: dict[str, Any]) -> str:

@@ -18,7 +18,8 @@ from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.lexicon import validate_record
 from testbed.fakemodel import FakeModel, Reply
-from tests.support.daemon import ALICE, ALICE_PASSWORD, BOB_TOKEN, Daemon, running_daemon
+from tests.support.accounts import ALICE, ALICE_PASSWORD, BOB_TOKEN
+from tests.support.daemon import Daemon, running_daemon
 from tests.support.records import INFO, MESSAGE, now_iso, text_part
 from tests.support.sse import event as sse_event
 

@@ -22,10 +22,9 @@ import pytest
 
 from testbed.ports import free_port
 from testbed.processes import stop
-from tests.test_cli import Served, clean_env, wait_healthy
+from tests.support.cli import TURND, Served, clean_env, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
-TURND = str(Path(sys.executable).parent / "turnd")
 
 
 def fenced_block(markdown: Path, heading: str, language: str) -> str:

@@ -27,17 +27,9 @@ from recordstore import InvalidRecord
 from recordstore.lexicon import validate_record
 from recordstore.local import DB_NAME
 from testbed.fakemodel import FakeModel
+from tests.support.accounts import ALICE, ALICE_PASSWORD, ALICE_TOKEN, BOB, BOB_PASSWORD, BOB_TOKEN
 from tests.support.records import MESSAGE, TEXT, now_iso, user_message
-from tests.support.reliability import (
-    ALICE,
-    ALICE_PASSWORD,
-    ALICE_TOKEN,
-    BOB,
-    BOB_PASSWORD,
-    BOB_TOKEN,
-    Turnd,
-    wait_until,
-)
+from tests.support.reliability import Turnd, wait_until
 
 pytestmark = pytest.mark.reliability
 

@@ -9,7 +9,8 @@ import anyio
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply
-from tests.support.daemon import ALICE, BOB_TOKEN, running_daemon
+from tests.support.accounts import ALICE, BOB_TOKEN
+from tests.support.daemon import running_daemon
 from tests.support.records import MESSAGE, text_part
 from tests.support.sse import read_events
 

@@ -72,19 +72,28 @@ def _json(path: str) -> Any:
     return json.loads((HERE / path).read_text(encoding="utf-8"))
 
 
-def _data_valid(value: Any) -> bool:
+def _accepted(check: Callable[[Any], object], value: Any) -> bool:
+    """Whether ``check`` takes the vector's JSON (its numbers as atproto's integers)."""
     try:
-        validate_data(integral_numbers(value))
+        check(integral_numbers(value))
     except InvalidRecord:
         return False
     return True
 
 
+def _valid_and_invalid(stem: str, name: str, value: str) -> Iterator[tuple[str, Any, bool]]:
+    """``(name, value, valid)`` of each case in ``<stem>-valid.json``, then ``<stem>-invalid.json``."""
+    for suffix, valid in (("valid", True), ("invalid", False)):
+        for case in _json(f"{stem}-{suffix}.json"):
+            yield case[name], case[value], valid
+
+
+def _data_valid(value: Any) -> bool:
+    return _accepted(validate_data, value)
+
+
 def data_model_cases() -> Iterator[tuple[str, Any, bool]]:
-    for case in _json("data-model/data-model-valid.json"):
-        yield case["note"], case["json"], True
-    for case in _json("data-model/data-model-invalid.json"):
-        yield case["note"], case["json"], False
+    return _valid_and_invalid("data-model/data-model", "note", "json")
 
 
 def _fixture_ok(case: dict[str, Any]) -> bool:
@@ -100,18 +109,11 @@ _CATALOG = Lexicons([_json("lexicon/catalog/record.json")])
 
 
 def _record_valid(data: Any) -> bool:
-    try:
-        _CATALOG.validate("example.lexicon.record", integral_numbers(data))
-    except InvalidRecord:
-        return False
-    return True
+    return _accepted(lambda value: _CATALOG.validate("example.lexicon.record", value), data)
 
 
 def record_data_cases() -> Iterator[tuple[str, Any, bool]]:
-    for case in _json("lexicon/record-data-valid.json"):
-        yield case["name"], case["data"], True
-    for case in _json("lexicon/record-data-invalid.json"):
-        yield case["name"], case["data"], False
+    return _valid_and_invalid("lexicon/record-data", "name", "data")
 
 
 # ---------------------------------------------------------------- the tests

@@ -27,12 +27,6 @@ pytestmark = pytest.mark.anyio
 SECRET_WORDS = (b"USER-PROMPT-TEXT", b"TOOL-ARGS-TEXT", b"TOOL-RESULT-TEXT", b"MODEL-ANSWER-TEXT")
 
 
-@pytest.fixture
-def fake():
-    with FakeModel() as server:
-        yield server
-
-
 def lookup_plugin() -> PluginSet:
     async def lookup(args: dict[str, Any], ctx: Any) -> Any:
         return {"found": "TOOL-RESULT-TEXT"}
@@ -49,10 +43,7 @@ async def tool_turn(tmp_path: Any, fake: FakeModel, telemetry: Any) -> tuple[str
         tmp_path, fake, plugins=lookup_plugin(), accounting=Accounting(telemetry=telemetry)
     ) as kit:
         skey = await kit.conversation()
-        posted = await kit.engine.post_message(
-            DID, skey, parent=None, parts=[text_part("USER-PROMPT-TEXT")],
-            generation={"tools": ["lookup"]},
-        )
+        posted = await kit.post(skey, "USER-PROMPT-TEXT", tools=["lookup"])
         final = await kit.reply(skey, posted.reply_key)
     await anyio.to_thread.run_sync(telemetry.shutdown)  # flushes the batch
     return skey, final

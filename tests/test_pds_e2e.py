@@ -42,15 +42,9 @@ from recordstore.lexicon import validate_record
 from recordstore.local import DB_NAME
 from testbed.fakemodel import FakeModel, Reply
 from testbed.pds import PdsServer
+from tests.support.accounts import ALICE, ALICE_PASSWORD, ALICE_TOKEN
 from tests.support.records import INFO, MESSAGE, TEXT, now_iso, reply_text, user_message
-from tests.support.reliability import (
-    ALICE,
-    ALICE_PASSWORD,
-    ALICE_TOKEN,
-    FakeProc,
-    Turnd,
-    wait_until,
-)
+from tests.support.reliability import FakeProc, Turnd, wait_until, write_config
 
 PLAIN = "network.sharedcomputer.chat.defs#plainContent"
 APP_PASSWORD_ENV = "T_PDS_APP_PASSWORD"
@@ -67,39 +61,17 @@ class PdsTurnd(Turnd):
     did: str = ""
 
     def write_config(self) -> None:
-        # No generated titles: they are model requests these counts do not expect.
-        settings = {"retries": 0, "ratePerMinute": 100_000, "titleModel": "", **self.turns}
-        lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
-        self.config.write_text(
-            f"""
-[store]
-kind = "pds"
-service = "{self.service}"
-
-[state]
-path = "{self.state}"
-
-[http]
-listen = "127.0.0.1:{self.port}"
-web = false
-
-[models]
-default = "fake:fake-model"
-
-[turns]
-{lines}
-
-[providers.fake]
-base_url = "{self.model_url}"
-api_key_env = "T_FAKE_KEY"
-
+        write_config(
+            self.config, data=self.data, state=self.state, port=self.port,
+            model_url=self.model_url, turns=self.turns, extra=self.extra,
+            store=f'kind = "pds"\nservice = "{self.service}"',
+            accounts=f"""
 [accounts.alice]
 handle = "{self.handle}"
 did = "{self.did}"
 password_env = "{APP_PASSWORD_ENV}"
 token_env = "T_ALICE_TOKEN"
-{self.extra}
-"""
+""",
         )
 
 

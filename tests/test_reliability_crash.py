@@ -35,8 +35,9 @@ from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import DB_NAME, LocalStore
 from testbed.fakemodel import FakeModel, Reply
+from tests.support.accounts import ALICE
 from tests.support.records import MESSAGE, TEXT, reply_text
-from tests.support.reliability import ALICE, ROOT, Turnd, wait_until
+from tests.support.reliability import ROOT, Turnd, wait_until
 
 pytestmark = pytest.mark.reliability
 

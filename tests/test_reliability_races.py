@@ -24,8 +24,9 @@ import pytest
 from recordstore import InvalidSwap
 from recordstore.keys import new_tid, parse_reply_key
 from recordstore.local import LocalStore
+from tests.support.accounts import ALICE, ALICE_PASSWORD
 from tests.support.records import MESSAGE, TEXT, user_message
-from tests.support.reliability import ALICE, ALICE_PASSWORD, FakeProc, Turnd
+from tests.support.reliability import FakeProc, Turnd
 
 pytestmark = [pytest.mark.reliability, pytest.mark.anyio]
 

@@ -21,8 +21,9 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.accounts import ALICE_TOKEN
 from tests.support.records import TEXT, reply_text
-from tests.support.reliability import ALICE_TOKEN, FakeProc, Turnd, wait_until
+from tests.support.reliability import FakeProc, Turnd, wait_until
 from tests.support.sse import read_events
 
 pytestmark = [pytest.mark.reliability, pytest.mark.anyio]

@@ -14,6 +14,7 @@ import resource
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -25,8 +26,10 @@ from daemon.connections import AcceptErrorLog
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
 from testbed.processes import stop
-from tests.support.daemon import ALICE_TOKEN, Daemon, running_daemon
-from tests.support.reliability import TURND, clean_env, write_config
+from tests.support.accounts import ALICE_TOKEN
+from tests.support.cli import TURND
+from tests.support.daemon import Daemon, running_daemon
+from tests.support.reliability import clean_env, write_config
 from tests.support.sse import read_events as sse_events
 
 pytestmark = pytest.mark.anyio
@@ -137,6 +140,19 @@ def test_accept_errors_are_logged_once_per_10_s(caplog: pytest.LogCaptureFixture
     assert passed == ["something else"]
 
 
+def _until_healthy(url: str, interval: float, alive: Callable[[], bool], failure: Callable[[], str]) -> None:
+    """Polls ``url`` until it answers 200; fails after 30 s or once ``alive()`` is false."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline and alive(), failure()
+        time.sleep(interval)
+
+
 def _limit_fds() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
@@ -166,15 +182,7 @@ def test_idle_sockets_under_a_low_fd_limit(tmp_path: Path, fake_model: FakeModel
     socks: list[socket.socket] = []
     try:
         url = f"http://127.0.0.1:{port}/healthz"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
-            time.sleep(0.05)
+        _until_healthy(url, 0.05, lambda: proc.poll() is None, err.read_text)
         started = time.monotonic()
         for _ in range(400):
             s = socket.socket()
@@ -185,15 +193,7 @@ def test_idle_sockets_under_a_low_fd_limit(tmp_path: Path, fake_model: FakeModel
                 pass
             socks.append(s)
         # All 400 stay open on this side; the daemon still answers its health check.
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "no 200 from /healthz while 400 sockets idle"
-            time.sleep(0.2)
+        _until_healthy(url, 0.2, lambda: True, lambda: "no 200 from /healthz while 400 sockets idle")
         elapsed = time.monotonic() - started
         lines = [
             line

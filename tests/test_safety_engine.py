@@ -8,10 +8,8 @@ store, the real ``openai`` client against the fake model server.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,8 +20,9 @@ import pytest
 
 from recordstore import MESSAGE
 from recordstore.keys import new_tid
-from testbed.fakemodel import FakeModel, Reply
-from tests.support.records import TEXT
+from testbed.fakemodel import Reply
+from tests.support.disk import small_disk
+from tests.support.records import TEXT, text_part
 from tests.support.reliability import FakeProc, Turnd
 from tests.support.sse import parse_events
 from tests.support.turnkit import DID, turn_kit
@@ -34,12 +33,6 @@ from turns.settings import TurnSettings
 from turns.state import StateDB
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def fake():
-    with FakeModel() as server:
-        yield server
 
 
 def rss_bytes() -> int:
@@ -80,10 +73,7 @@ async def test_queued_turns_hold_only_their_address(tmp_path, fake):
         before = rss_bytes()
         answers = []
         for _ in range(200):
-            result = await kit.engine.post_message(
-                DID, skey, parent=None, parts=[{"$type": "network.sharedcomputer.chat.defs#textPart", "text": body}],
-                generation={},
-            )
+            result = await kit.post(skey, body)
             answers.append(result.turn)
         grown = rss_bytes() - before
         assert answers[0] == "claimed" and answers[1:] == ["queued"] * 199
@@ -160,21 +150,6 @@ async def test_recovered_requests_go_through_the_queue(tmp_path, fake):
 # -- 2. a final write the store refuses -------------------------------------------------
 
 
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str = "6m"):
-    path.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True, text=True,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def fill(path: Path, leave: int) -> Path:
     """A file that leaves only ``leave`` bytes free on ``path``'s file system."""
     st = os.statvfs(path)
@@ -192,7 +167,7 @@ async def test_full_disk_at_the_final_write_ends_the_stream_and_retries(tmp_path
     engine reports the store unwritable (/healthz answers 503 from it), the claim
     stays, and once there is room the background retry writes the record.
     """
-    with tmpfs(tmp_path / "disk") as disk:
+    with small_disk(tmp_path / "disk") as disk:
         final_writes = FinalWrites(first_wait=0.1, max_wait=0.2)
         big = "y" * 400_000
         fake.push(Reply.text([big[:200_000], big[200_000:]]))
@@ -201,11 +176,7 @@ async def test_full_disk_at_the_final_write_ends_the_stream_and_retries(tmp_path
         ) as kit:
             skey = await kit.conversation()
             filler = fill(disk, leave=150_000)  # the message and claim fit; 400 KB does not
-            posted = await kit.engine.post_message(
-                DID, skey, parent=None,
-                parts=[{"$type": "network.sharedcomputer.chat.defs#textPart", "text": "hi"}],
-                generation={},
-            )
+            posted = await kit.post(skey, "hi")
             assert posted.turn == "claimed"
             events = await kit.events(skey, posted.reply_key)  # returns once the stream closes
             status = events[-1]
@@ -237,11 +208,7 @@ async def test_text_longer_than_a_part_continues_in_the_next_part(tmp_path, fake
     fake.push(Reply.text([chunk] * 12))
     async with turn_kit(tmp_path, fake) as kit:
         skey = await kit.conversation()
-        posted = await kit.engine.post_message(
-            DID, skey, parent=None,
-            parts=[{"$type": "network.sharedcomputer.chat.defs#textPart", "text": "long"}],
-            generation={},
-        )
+        posted = await kit.post(skey, "long")
         events = await kit.events(skey, posted.reply_key)
         value = await kit.reply(skey, posted.reply_key)
         assert value["status"] == "complete"
@@ -257,16 +224,12 @@ async def test_a_reply_too_large_for_a_record_keeps_the_parts_that_fit(tmp_path,
     fake.push(Reply.text([chunk] * 24))  # 1.2 MB: three parts, more than a record holds
     async with turn_kit(tmp_path, fake) as kit:
         skey = await kit.conversation()
-        posted = await kit.engine.post_message(
-            DID, skey, parent=None,
-            parts=[{"$type": "network.sharedcomputer.chat.defs#textPart", "text": "longer"}],
-            generation={},
-        )
+        posted = await kit.post(skey, "longer")
         value = await kit.reply(skey, posted.reply_key)
         assert value["status"] == "error"
         assert "kept the first 1 of 3 parts" in value["error"]
         assert value["content"]["parts"] == [
-            {"$type": "network.sharedcomputer.chat.defs#textPart", "text": chunk * 10}
+            text_part(chunk * 10)
         ]
 
 
@@ -359,11 +322,7 @@ async def test_a_deleted_state_file_is_recreated_with_the_running_claims(tmp_pat
     async with turn_kit(tmp_path, fake, state_path=state_path) as kit:
         await kit.state.set_cursor("feed", "42")
         skey = await kit.conversation()
-        posted = await kit.engine.post_message(
-            DID, skey, parent=None,
-            parts=[{"$type": "network.sharedcomputer.chat.defs#textPart", "text": "hi"}],
-            generation={},
-        )
+        posted = await kit.post(skey, "hi")
         for path in tmp_path.glob("state.sqlite3*"):
             path.unlink()
         await kit.engine.check_state_file()
@@ -384,7 +343,7 @@ async def test_a_deleted_state_file_is_recreated_with_the_running_claims(tmp_pat
 def test_healthz_answers_503_while_a_refused_final_record_waits(tmp_path):
     """Probe 6 through the daemon: the stream ends, /healthz says the store is down,
     and both recover once the disk has room again."""
-    with tmpfs(tmp_path / "disk") as disk:
+    with small_disk(tmp_path / "disk") as disk:
         fake = FakeProc(tmp_path, tokens=400, word="w" * 999)  # 400 KB of reply text
         d = Turnd(tmp_path, "disk", disk / "data", fake.base_url)
         try:

@@ -16,7 +16,8 @@ import pytest
 
 from daemon.hosts import OwnNames
 from testbed.fakemodel import FakeModel
-from tests.support.daemon import ALICE, ALICE_TOKEN, BOB_TOKEN, running_daemon
+from tests.support.accounts import ALICE, ALICE_TOKEN, BOB_TOKEN
+from tests.support.daemon import running_daemon
 from tests.support.records import MESSAGE
 
 pytestmark = pytest.mark.anyio

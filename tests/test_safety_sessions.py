@@ -6,6 +6,7 @@ or revoked; no ``deleteSession``; changing a password ended no session.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import pytest
 
 from daemon.sessions import LOGIN_WINDOW, LoginLimiter
 from testbed.fakemodel import FakeModel
-from tests.support.daemon import ALICE_PASSWORD, BOB_PASSWORD, Daemon, running_daemon
+from tests.support.accounts import ALICE_PASSWORD, BOB_PASSWORD
+from tests.support.daemon import Daemon, running_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -85,63 +87,67 @@ def test_the_limiter_counts_handle_and_address_apart() -> None:
     assert limiter.retry_after("handle:target", "addr:1.2.3.4") is None
 
 
+Anonymous = tuple[Daemon, httpx.AsyncClient]
+
+
+@pytest.fixture
+async def anonymous(tmp_path: Path, fake_model: FakeModel) -> AsyncIterator[Anonymous]:
+    """The daemon, and a client of it that sends no credentials of its own."""
+    async with running_daemon(tmp_path, fake_model) as dm, dm.client(token=None) as c:
+        yield dm, c
+
+
 async def _session(dm: Daemon) -> dict[str, Any]:
     r = await _login(dm.http, "alice.test", ALICE_PASSWORD)
     assert r.status_code == 200, r.text
     return r.json()
 
 
-async def test_refresh_tokens_rotate_and_reuse_revokes(
-    tmp_path: Path, fake_model: FakeModel
-) -> None:
-    async with running_daemon(tmp_path, fake_model) as dm:
-        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10) as c:
-            first = await _session(dm)
-            r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(first["refreshJwt"]))
-            assert r.status_code == 200, r.text
-            second = r.json()
-            assert second["refreshJwt"] != first["refreshJwt"]
-            r = await c.get(f"{SERVER}.getSession", headers=_bearer(second["accessJwt"]))
-            assert r.status_code == 200
-            # The first refresh token again: a copy is in use. The whole session ends.
-            r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(first["refreshJwt"]))
-            assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
-            r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(second["refreshJwt"]))
-            assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
-            r = await c.get(f"{SERVER}.getSession", headers=_bearer(second["accessJwt"]))
-            assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
-            # Another login is a session of its own, untouched.
-            other = await _session(dm)
-            r = await c.get(f"{SERVER}.getSession", headers=_bearer(other["accessJwt"]))
-            assert r.status_code == 200
+async def test_refresh_tokens_rotate_and_reuse_revokes(anonymous: Anonymous) -> None:
+    dm, c = anonymous
+    first = await _session(dm)
+    r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(first["refreshJwt"]))
+    assert r.status_code == 200, r.text
+    second = r.json()
+    assert second["refreshJwt"] != first["refreshJwt"]
+    r = await c.get(f"{SERVER}.getSession", headers=_bearer(second["accessJwt"]))
+    assert r.status_code == 200
+    # The first refresh token again: a copy is in use. The whole session ends.
+    r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(first["refreshJwt"]))
+    assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
+    r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(second["refreshJwt"]))
+    assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
+    r = await c.get(f"{SERVER}.getSession", headers=_bearer(second["accessJwt"]))
+    assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
+    # Another login is a session of its own, untouched.
+    other = await _session(dm)
+    r = await c.get(f"{SERVER}.getSession", headers=_bearer(other["accessJwt"]))
+    assert r.status_code == 200
 
 
-async def test_delete_session_and_password_change_end_sessions(
-    tmp_path: Path, fake_model: FakeModel
-) -> None:
-    async with running_daemon(tmp_path, fake_model) as dm:
-        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10) as c:
-            s = await _session(dm)
-            r = await c.post(f"{SERVER}.deleteSession", headers=_bearer(s["refreshJwt"]))
-            assert r.status_code == 200, r.text
-            for method, name, token in (
-                ("POST", "refreshSession", s["refreshJwt"]),
-                ("GET", "getSession", s["accessJwt"]),
-            ):
-                r = await c.request(method, f"{SERVER}.{name}", headers=_bearer(token))
-                assert r.status_code == 400 and r.json()["error"] == "ExpiredToken", r.text
+async def test_delete_session_and_password_change_end_sessions(anonymous: Anonymous) -> None:
+    dm, c = anonymous
+    s = await _session(dm)
+    r = await c.post(f"{SERVER}.deleteSession", headers=_bearer(s["refreshJwt"]))
+    assert r.status_code == 200, r.text
+    for method, name, token in (
+        ("POST", "refreshSession", s["refreshJwt"]),
+        ("GET", "getSession", s["accessJwt"]),
+    ):
+        r = await c.request(method, f"{SERVER}.{name}", headers=_bearer(token))
+        assert r.status_code == 400 and r.json()["error"] == "ExpiredToken", r.text
 
-            # A new password (the next start's environment): every older session ends.
-            kept = await _session(dm)
-            dm.service.accounts = [
-                replace(a, password="a-new-password-123") if a.handle == "alice.test" else a
-                for a in dm.service.accounts
-            ]
-            r = await c.get(f"{SERVER}.getSession", headers=_bearer(kept["accessJwt"]))
-            assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
-            r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(kept["refreshJwt"]))
-            assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
-            r = await _login(c, "alice.test", "a-new-password-123")
-            assert r.status_code == 200
-            r = await c.get(f"{SERVER}.getSession", headers=_bearer(r.json()["accessJwt"]))
-            assert r.status_code == 200
+    # A new password (the next start's environment): every older session ends.
+    kept = await _session(dm)
+    dm.service.accounts = [
+        replace(a, password="a-new-password-123") if a.handle == "alice.test" else a
+        for a in dm.service.accounts
+    ]
+    r = await c.get(f"{SERVER}.getSession", headers=_bearer(kept["accessJwt"]))
+    assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
+    r = await c.post(f"{SERVER}.refreshSession", headers=_bearer(kept["refreshJwt"]))
+    assert r.status_code == 400 and r.json()["error"] == "ExpiredToken"
+    r = await _login(c, "alice.test", "a-new-password-123")
+    assert r.status_code == 200
+    r = await c.get(f"{SERVER}.getSession", headers=_bearer(r.json()["accessJwt"]))
+    assert r.status_code == 200

@@ -8,9 +8,7 @@ concurrency or storage limit.
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -19,31 +17,14 @@ import pytest
 
 from daemon.uploads import clean_filename
 from testbed.fakemodel import FakeModel
-from tests.support.daemon import ALICE_PASSWORD, BOB_TOKEN, running_daemon
+from tests.support.accounts import ALICE_PASSWORD, BOB_TOKEN
+from tests.support.daemon import running_daemon
+from tests.support.disk import small_disk
 
 pytestmark = pytest.mark.anyio
 
 ATTACH = "/api/attachments"
 OCTET = {"Content-Type": "application/octet-stream"}
-
-
-@contextmanager
-def small_disk(path: Path, size: str = "6m") -> Iterator[Path]:
-    """A tmpfs of ``size`` at ``path``, always unmounted again."""
-    path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (the full-disk case runs as root in CI)")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mount refused here: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 async def test_a_full_disk_is_507_never_500(tmp_path: Path, fake_model: FakeModel) -> None:

@@ -11,7 +11,8 @@ import pytest
 import daemon.http
 from recordstore import MESSAGE
 from testbed.fakemodel import FakeModel, Reply
-from tests.support.daemon import ALICE, Daemon, running_daemon
+from tests.support.accounts import ALICE
+from tests.support.daemon import Daemon, running_daemon
 from tests.support.sse import parse_events, read_events
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,8 @@ import pytest
 
 from recordstore import CONVERSATION_REF, SETTINGS_SPACE
 from testbed.fakemodel import FakeModel, Reply
-from tests.support.daemon import ALICE, Daemon, running_daemon
+from tests.support.accounts import ALICE
+from tests.support.daemon import Daemon, running_daemon
 from tests.support.records import INFO
 from turns.titles import clean
 

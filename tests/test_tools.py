@@ -29,7 +29,8 @@ import turns.engine  # noqa: F401
 import turns.state  # noqa: F401
 from testbed.fakemodel import FakeModel, Reply, ToolCall
 from testbed.ports import free_port
-from tests.support.daemon import ALICE, BOB, BOB_TOKEN, Daemon, running_daemon
+from tests.support.accounts import ALICE, BOB, BOB_TOKEN
+from tests.support.daemon import Daemon, running_daemon
 from tests.support.http_tools import HttpToolServer
 from tests.support.reliability import Turnd, wait_until
 
@@ -40,12 +41,6 @@ APPROVAL = "network.sharedcomputer.chat.approval"
 TIME_SERVER = shutil.which("mcp-server-time", path=str(Path(sys.executable).parent))
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeModel]:
-    with FakeModel() as server:
-        yield server
 
 
 @pytest.fixture
@@ -502,7 +497,7 @@ async def _write_approval(
 async def test_approval_by_a_direct_write_record_of_the_owner_only(
     tmp_path: Path, fake: FakeModel, everything: str
 ) -> None:
-    from tests.support.daemon import ALICE_PASSWORD, BOB_PASSWORD
+    from tests.support.accounts import ALICE_PASSWORD, BOB_PASSWORD
 
     fake.push(
         Reply.tool_calls([ToolCall("everything_echo", {"message": "approved by record"}, id="e1")]),
@@ -690,7 +685,7 @@ async def test_the_lexicons_readme_approval_example_runs_against_a_live_daemon(
 ) -> None:
     import re
 
-    from tests.support.daemon import ALICE_PASSWORD
+    from tests.support.accounts import ALICE_PASSWORD
 
     readme = (HERE.parent / "lexicons" / "README.md").read_text()
     section = readme[readme.index("## Approving a tool call"):]

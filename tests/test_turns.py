@@ -18,18 +18,12 @@ import pytest
 from plugins import AFTER_MODEL, BEFORE_MODEL, TURN_AFTER, Plugin, PluginSet, Tool
 from recordstore import MESSAGE, PREFERENCES, SETTINGS, SETTINGS_SPACE
 from recordstore.keys import new_tid
-from testbed.fakemodel import FakeModel, Reply, ToolCall
+from testbed.fakemodel import Reply, ToolCall
 from tests.support.records import text_part
 from tests.support.turnkit import API_KEY, DID, OTHER_DID, turn_kit, user_message
 from turns.settings import TurnSettings
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def fake():
-    with FakeModel() as server:
-        yield server
 
 
 def iso(delta: timedelta) -> str:
@@ -565,9 +559,9 @@ async def test_the_stream_replays_buffered_events_to_a_late_subscriber_then_send
 async def _past_the_limit(kit: Any) -> tuple[str, Any]:
     """A conversation whose first turn used the minute's one start; its second message posted."""
     skey = await kit.conversation()
-    first = await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("1")], generation={})
+    first = await kit.post(skey, "1")
     await kit.reply(skey, first.reply_key)
-    return skey, await kit.engine.post_message(DID, skey, parent=None, parts=[text_part("2")], generation={})
+    return skey, await kit.post(skey, "2")
 
 
 async def test_past_the_rate_limit_the_turn_waits_unclaimed_and_starts_once_the_limit_allows(tmp_path, fake):

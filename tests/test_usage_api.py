@@ -17,7 +17,8 @@ import pytest
 
 from daemon.config_file import ConfigError
 from testbed.fakemodel import FakeModel, Reply
-from tests.support.daemon import _ENV, ALICE, BOB, daemon_config, running_daemon
+from tests.support.accounts import ALICE, BOB
+from tests.support.daemon import _ENV, daemon_config, running_daemon
 from tests.support.sse import read_events
 
 pytestmark = pytest.mark.anyio

@@ -26,7 +26,7 @@ from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel, Reply, ToolCall
 from testbed.ports import free_port
 from testbed.processes import stop
-from tests.test_cli import TURND, clean_env, wait_healthy
+from tests.support.cli import TURND, clean_env, wait_healthy
 
 pytestmark = pytest.mark.browser
 

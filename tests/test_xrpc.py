@@ -15,7 +15,8 @@ from daemon import xrpc
 from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, SessionTokens, load_secret
 from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel
-from tests.support.daemon import ALICE, ALICE_PASSWORD, BOB, Daemon, running_daemon
+from tests.support.accounts import ALICE, ALICE_PASSWORD, BOB
+from tests.support.daemon import Daemon, running_daemon
 from tests.support.records import INFO, MESSAGE, text_part
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,8 @@ from PIL import Image
 from recordstore.cid import record_cid
 from recordstore.vocabulary import FILE_PART, IMAGE_PART, MESSAGE, PLAIN_CONTENT, TEXT_PART
 from testbed.fakemodel import FakeModel
-from tests.support.daemon import ALICE_PASSWORD, running_daemon
+from tests.support.accounts import ALICE_PASSWORD
+from tests.support.daemon import running_daemon
 
 pytestmark = pytest.mark.anyio
 

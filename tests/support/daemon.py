@@ -18,26 +18,13 @@ from typing import Any
 import anyio
 import httpx
 
-from daemon.accounts import local_did
 from daemon.config import build_config
 from daemon.service import Service
 from testbed.fakemodel import FakeModel
+from tests.support.accounts import ACCOUNT_ENV, ALICE, ALICE_TOKEN, BOB
 from tests.support.records import MESSAGE, text_part
 
-ALICE_TOKEN = "alice-api-token-0123456789"
-BOB_TOKEN = "bob-api-token-0123456789"
-ALICE_PASSWORD = "alice-password-xyz"
-BOB_PASSWORD = "bob-password-xyz"
-ALICE = local_did("alice.test")
-BOB = local_did("bob.test")
-
-_ENV = {
-    "T_ALICE_PASSWORD": ALICE_PASSWORD,
-    "T_ALICE_TOKEN": ALICE_TOKEN,
-    "T_BOB_PASSWORD": BOB_PASSWORD,
-    "T_BOB_TOKEN": BOB_TOKEN,
-    "T_FAKE_KEY": "sk-test-fake",
-}
+_ENV = {**ACCOUNT_ENV, "T_FAKE_KEY": "sk-test-fake"}
 
 
 @dataclass

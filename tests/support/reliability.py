@@ -29,39 +29,39 @@ from typing import Any
 
 import httpx
 
-from daemon.accounts import local_did
 from testbed.ports import free_port
 from testbed.processes import stop
+from tests.support import cli
+from tests.support.accounts import ACCOUNT_ENV, ALICE, ALICE_TOKEN, BOB
+from tests.support.cli import TURND
 from tests.support.records import MESSAGE, user_message
 
 ROOT = Path(__file__).resolve().parents[2]
-TURND = str(Path(sys.executable).parent / "turnd")
-ALICE_TOKEN = "alice-api-token-rel-0123456789"
-BOB_TOKEN = "bob-api-token-rel-0123456789"
-ALICE_PASSWORD = "alice-password-rel-xyz"
-BOB_PASSWORD = "bob-password-rel-xyz"
-ALICE = local_did("alice.test")
-BOB = local_did("bob.test")
 # Not shaped like an OpenAI key, so only the configured-secret redaction can hide it.
 API_KEY = "key-SeCrEt-7f3a9b2c4d5e6f708192a3b4"
 
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("TURND_") and k not in ("OPENAI_API_KEY", "OPENROUTER_API_KEY")
-    }
-    env.update(
-        T_ALICE_PASSWORD=ALICE_PASSWORD,
-        T_ALICE_TOKEN=ALICE_TOKEN,
-        T_BOB_PASSWORD=BOB_PASSWORD,
-        T_BOB_TOKEN=BOB_TOKEN,
-        T_FAKE_KEY=API_KEY,
-    )
-    env.update(extra)
-    return env
+    """The host's environment without provider keys or TURND_*, with the accounts'
+    secrets and the fake provider's key."""
+    return cli.clean_env(**{**ACCOUNT_ENV, "T_FAKE_KEY": API_KEY, **extra})
+
+
+# Both accounts of a local store, their secrets from clean_env().
+LOCAL_ACCOUNTS = f"""
+[accounts.alice]
+handle = "alice.test"
+did = "{ALICE}"
+password_env = "T_ALICE_PASSWORD"
+token_env = "T_ALICE_TOKEN"
+
+[accounts.bob]
+handle = "bob.test"
+did = "{BOB}"
+password_env = "T_BOB_PASSWORD"
+token_env = "T_BOB_TOKEN"
+"""
 
 
 def write_config(
@@ -73,15 +73,19 @@ def write_config(
     model_url: str,
     turns: dict[str, Any] | None = None,
     extra: str = "",
+    store: str | None = None,
+    accounts: str = LOCAL_ACCOUNTS,
 ) -> Path:
+    """A ``turnd serve`` config; ``store`` is the [store] table's body (a local store in
+    ``data`` unless given), ``accounts`` the [accounts.*] tables."""
     # No generated titles: they are model requests these counts do not expect.
     settings = {"retries": 0, "ratePerMinute": 100_000, "titleModel": "", **(turns or {})}
     lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
+    store = store or f'kind = "local"\npath = "{data}"'
     path.write_text(
         f"""
 [store]
-kind = "local"
-path = "{data}"
+{store}
 
 [state]
 path = "{state}"
@@ -99,19 +103,7 @@ default = "fake:fake-model"
 [providers.fake]
 base_url = "{model_url}"
 api_key_env = "T_FAKE_KEY"
-
-[accounts.alice]
-handle = "alice.test"
-did = "{ALICE}"
-password_env = "T_ALICE_PASSWORD"
-token_env = "T_ALICE_TOKEN"
-
-[accounts.bob]
-handle = "bob.test"
-did = "{BOB}"
-password_env = "T_BOB_PASSWORD"
-token_env = "T_BOB_TOKEN"
-{extra}
+{accounts}{extra}
 """
     )
     return path

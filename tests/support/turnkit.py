@@ -46,6 +46,12 @@ class Kit:
     async def conversation(self, **info: Any) -> str:
         return await self.engine.create_conversation(DID, **info)
 
+    async def post(self, skey: str, text: str, *, parent: str | None = None, **generation: Any) -> Any:
+        """A user message posted through the engine, as the web UI posts one."""
+        return await self.engine.post_message(
+            DID, skey, parent=parent, parts=[records.text_part(text)], generation=generation
+        )
+
     async def reply(self, skey: str, reply_key: str, wait: float = 10) -> dict[str, Any]:
         """The reply record once it is final."""
         with anyio.fail_after(wait):
