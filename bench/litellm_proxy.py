@@ -123,17 +123,10 @@ class LiteLLMProxy:
              "--port", str(self.port), "--num_workers", "1"],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
         )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def _wait_ready(self, timeout: float = 120.0) -> None:
-        assert self.proc is not None
         url = f"http://127.0.0.1:{self.port}/health/liveliness"
-        wait_ready(self.proc, url, "litellm", self.log_tail, timeout, interval=0.2)
+        wait_ready(self.proc, url, "litellm", self.log_tail, 120.0, interval=0.2,
+                   on_failure=self.__exit__)
+        return self
 
     def log_tail(self, lines: int = 3) -> str:
         try:

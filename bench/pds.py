@@ -39,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -51,6 +50,7 @@ from recordstore.vocabulary import INFO, MESSAGE
 from recordstore.vocabulary import PLAIN_CONTENT as PLAIN
 from recordstore.vocabulary import TEXT_PART as TEXT
 from testbed.ports import free_port
+from testbed.processes import ready_line, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-pds-token-0123456789"
@@ -176,35 +176,19 @@ class NodeProc:
             self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=self.env,
         )
-        found: list[str] = []
-
-        def read() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                if line.startswith("{"):
-                    found.append(line)
-                    return
-
-        t = threading.Thread(target=read, daemon=True)
-        t.start()
-        t.join(timeout)
-        if not found:
+        assert self.proc.stdout is not None
+        ready = ready_line(self.proc.stdout, timeout)
+        if ready is None:
             self.stop()
             raise RuntimeError(f"{self.args[-1]} did not start")
-        self.ready = json.loads(found[0])
+        self.ready = ready
         return time.monotonic() - t0
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop(proc, 15)
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()

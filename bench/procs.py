@@ -90,8 +90,22 @@ def wait_ready(
     log_tail: Callable[[], str],
     timeout: float,
     interval: float = 0.05,
+    *,
+    on_failure: Callable[[], None] = lambda: None,
 ) -> None:
-    """Poll ``url`` until it answers 200; fail at once if ``proc`` exits first."""
+    """Poll ``url`` until it answers 200; fail at once if ``proc`` exits first. When it
+    fails (or is interrupted), ``on_failure`` runs first: the caller's clean-up."""
+    try:
+        _poll_ready(proc, url, what, log_tail, timeout, interval)
+    except BaseException:
+        on_failure()
+        raise
+
+
+def _poll_ready(
+    proc: subprocess.Popen[bytes], url: str, what: str, log_tail: Callable[[], str],
+    timeout: float, interval: float,
+) -> None:
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=2) as client:
         while time.monotonic() < deadline:
@@ -199,16 +213,9 @@ class TurndProc:
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
         )
         log.close()
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.__exit__()
-            raise
+        wait_ready(self.proc, self.base_url + "/healthz", "turnd serve", self.log_tail, 30.0,
+                   on_failure=self.__exit__)
         return self
-
-    def _wait_ready(self, timeout: float = 30.0) -> None:
-        assert self.proc is not None
-        wait_ready(self.proc, self.base_url + "/healthz", "turnd serve", self.log_tail, timeout)
 
     def log_tail(self, lines: int = 5) -> str:
         try:

@@ -10,7 +10,6 @@ line. Timings are figures to read, not asserted anywhere.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import resource
 import socket
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from bench.figures import print_figures
 from bench.procs import FakeModelProc, TurndProc
 
 MESSAGE = "network.sharedcomputer.chat.message"
@@ -200,10 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         out.update(probe_idle_fds(t))
         out.update(probe_logins(t))
         out["rss_mb_end"] = round(rss_mb(t.pid), 1)
-    for key, value in out.items():
-        print(f"{key:34} {value}")
-    if args.json:
-        print(json.dumps(out))
+    print_figures(out, as_json=args.json, width=34)
     return 0
 
 

@@ -31,6 +31,7 @@ import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
+from bench.figures import print_figures
 from bench.procs import TurndProc
 from testbed.fakemodel import FakeModel, Reply, ToolCall
 
@@ -131,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     figures = anyio.run(run, args.runs, args.warmup)
-    for key, value in figures.items():
-        print(f"{key:<26} {value}")
-    if args.json:
-        print(json.dumps(figures))
+    print_figures(figures, as_json=args.json, width=26)
     return 0
 
 

@@ -12,12 +12,10 @@ fresh account on it.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import secrets
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import IO, Any
 
 import httpx
 
-from testbed.processes import stop
+from testbed.processes import ready_line, stop
 
 PDS_DIR = Path(__file__).resolve().parent.parent / "tests" / "pds"
 READY_TIMEOUT = 60.0  # seconds; it is ready in about 3 s, but a cold disk cache is slower
@@ -104,24 +102,12 @@ class PdsServer:
 
     def _read_ready_line(self) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdout is not None
-        stdout = self._proc.stdout
-        found: list[dict[str, Any]] = []
-
-        def reader() -> None:
-            # The PDS may log to stdout too; the ready line is the JSON object with "pds".
-            for line in stdout:
-                line = line.strip()
-                if line.startswith("{") and '"pds"' in line:
-                    found.append(json.loads(line))
-                    return
-
-        thread = threading.Thread(target=reader, daemon=True)
-        thread.start()
-        thread.join(READY_TIMEOUT)
-        if not found:
+        # The PDS may log to stdout too; the ready line is the JSON object with "pds".
+        found = ready_line(self._proc.stdout, READY_TIMEOUT, lambda line: '"pds"' in line)
+        if found is None:
             self.stop()
             raise PdsUnavailable(f"the PDS did not become ready:\n{self.stderr_tail()}")
-        return found[0]
+        return found
 
     def stderr_tail(self, limit: int = 4000) -> str:
         if self._stderr is None:

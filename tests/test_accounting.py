@@ -16,7 +16,7 @@ import pytest
 from plugins import Plugin, PluginSet, Tool
 from testbed.fakemodel import Reply, ToolCall
 from tests.support.records import text_part
-from tests.support.turnkit import DID, turn_kit
+from tests.support.turnkit import DID, long_conversation, turn_kit
 from turns.accounting import Accounting
 from turns.pricing import Price
 from turns.quota import Quota
@@ -263,8 +263,6 @@ async def test_the_monthly_cost_quota_names_itself_and_its_reset(tmp_path, fake)
 
 
 async def test_title_and_summary_calls_are_usage_rows_like_any_step(tmp_path, fake):
-    from tests.test_context import long_conversation
-
     def answer(body: Any) -> Reply | None:
         if isinstance(body, dict) and not body.get("stream"):
             system = body["messages"][0]["content"]

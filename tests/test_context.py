@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from recordstore import MESSAGE, SUMMARY
-from recordstore.keys import new_tid
 from testbed.fakemodel import Reply
 from tests.support.records import text_part
-from tests.support.turnkit import DID, turn_kit
+from tests.support.turnkit import DID, long_conversation, turn_kit
 from turns.context import ContextWindow, too_long
 from turns.settings import TurnSettings
 
@@ -95,43 +94,6 @@ def sent(request: Any) -> list[dict[str, Any]]:
 def content_text(message: dict[str, Any]) -> str:
     content = message.get("content")
     return content if isinstance(content, str) else json.dumps(content)
-
-
-async def long_conversation(kit: Any, pairs: int, size: int = 160) -> tuple[str, str]:
-    """A conversation of ``pairs`` user/assistant exchanges written straight into the
-    store; returns (skey, key of the last reply)."""
-    skey = await kit.conversation(title="long")
-    parent = None
-    for i in range(pairs):
-        user = new_tid()
-        value: dict[str, Any] = {
-            "$type": MESSAGE,
-            "role": "user",
-            "content": {
-                "$type": "network.sharedcomputer.chat.defs#plainContent",
-                "parts": [text_part(f"question {i}: " + "q" * size)],
-            },
-            "createdAt": "2026-12-01T00:00:00.000Z",
-        }
-        if parent:
-            value["parent"] = parent
-        await kit.store.create_record(DID, skey, MESSAGE, user, value)
-        reply = {
-            "$type": MESSAGE,
-            "role": "assistant",
-            "parent": user,
-            "status": "complete",
-            "model": {"provider": "fake", "id": "fake-model"},
-            "content": {
-                "$type": "network.sharedcomputer.chat.defs#plainContent",
-                "parts": [text_part(f"answer {i}: " + "a" * size)],
-            },
-            "createdAt": "2026-12-01T00:00:00.000Z",
-        }
-        await kit.store.create_record(DID, skey, MESSAGE, f"{user}.r0", reply)
-        parent = f"{user}.r0"
-    assert parent is not None
-    return skey, parent
 
 
 async def all_messages(kit: Any, skey: str) -> dict[str, dict[str, Any]]:

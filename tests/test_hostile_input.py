@@ -89,16 +89,22 @@ def _error_shape(r: httpx.Response) -> None:
 # -- schemathesis --------------------------------------------------------------------------
 
 
+def _converse(d: Turnd, title: str, text: str) -> tuple[str, dict[str, Any]]:
+    """A new conversation titled ``title`` and the posted answer to ``text`` in it."""
+    api = d.client()
+    skey = api.post("/api/conversations", json={"title": title}).json()["skey"]
+    posted = api.post(
+        f"/api/conversations/{skey}/messages",
+        json={"parts": [{"$type": TEXT, "text": text}], "generation": {}},
+    ).json()
+    return skey, posted
+
+
 def test_openapi_fuzz_never_500(daemon: Turnd) -> None:
     schema = schemathesis.openapi.from_url(f"{daemon.url}/openapi.json")
     jwt = _login(daemon, "alice.test", ALICE_PASSWORD)  # its own: the fuzz may delete it
     # Something real to aim at: a conversation with a message and a finished reply.
-    api = daemon.client()
-    skey = api.post("/api/conversations", json={"title": "fuzz"}).json()["skey"]
-    posted = api.post(
-        f"/api/conversations/{skey}/messages",
-        json={"parts": [{"$type": TEXT, "text": "hi"}], "generation": {}},
-    ).json()
+    skey, posted = _converse(daemon, "fuzz", "hi")
     cases: Counter[str] = Counter()
     statuses: Counter[int] = Counter()
     failures: list[str] = []
@@ -172,12 +178,7 @@ def _fuzz_one(
 
 @pytest.fixture(scope="module")
 def conversation(daemon: Turnd) -> dict[str, Any]:
-    api = daemon.client()
-    skey = api.post("/api/conversations", json={"title": "hostile"}).json()["skey"]
-    posted = api.post(
-        f"/api/conversations/{skey}/messages",
-        json={"parts": [{"$type": TEXT, "text": "hello"}], "generation": {}},
-    ).json()
+    skey, posted = _converse(daemon, "hostile", "hello")
     wait_until(
         lambda: _status(daemon, skey, posted["replyKey"]) == "complete", 15, "the first reply"
     )

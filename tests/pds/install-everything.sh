@@ -5,27 +5,14 @@
 # It runs on the system Node (>= 18); npm's own output goes to stderr.
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/everything" && pwd)"
-cache="${TURND_MCP_CACHE:-$HOME/.cache/turnd-mcp}"
-hash="$(cat "$here/package.json" "$here/package-lock.json" | sha256sum | cut -c1-16)"
-dir="$cache/$hash"
-entry="$dir/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/npm-cache.sh"
+main="node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 
-if [[ -f "$dir/.turnd-installed" ]]; then
-  echo "$entry"
-  exit 0
-fi
+build() {
+  npm ci --no-audit --no-fund --loglevel=warn 1>&2
+  test -f "$main"
+}
 
-mkdir -p "$cache"
-# A scratch dir renamed at the end: an interrupted install is never taken for a finished one.
-work="$(mktemp -d "$cache/.install-$hash-XXXXXX")"
-trap 'rm -rf "$work"' EXIT
-cp "$here/package.json" "$here/package-lock.json" "$work/"
-(cd "$work" && npm ci --no-audit --no-fund --loglevel=warn 1>&2)
-test -f "$work/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
-touch "$work/.turnd-installed"
-if ! mv -T "$work" "$dir" 2>/dev/null; then
-  [[ -f "$dir/.turnd-installed" ]] || { echo "install-everything.sh: could not place $dir" >&2; exit 1; }
-fi
-trap - EXIT
-echo "$entry"
+cached_install "$here/everything" "${TURND_MCP_CACHE:-$HOME/.cache/turnd-mcp}" build
+echo "$dir/$main"

