@@ -19,11 +19,9 @@ import httpx
 
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
+from tests.support.cli import clean_env, turnd, wait_healthy
 from tests.support.sse import parse_events
-from tests.test_cli import clean_env, serve, turnd, wait_healthy
 from turns.provider_errors import name_provider, shown_url
-
-__all__ = ["serve"]  # the fixture, shared with test_cli
 
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 TOKEN = "tok-123456789"

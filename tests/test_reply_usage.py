@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply
-from tests.support.daemon import ALICE, BOB_TOKEN, Daemon, running_daemon
+from tests.support.accounts import ALICE, BOB_TOKEN
+from tests.support.daemon import Daemon, running_daemon
 from tests.support.sse import read_events
 
 pytestmark = pytest.mark.anyio
