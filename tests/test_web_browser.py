@@ -447,6 +447,8 @@ def test_reload_mid_stream_resumes_without_gap_or_repeat(page: Any, api: httpx.C
     assert reply.locator(".markdown").inner_text().strip() == final_text.strip()
     # The reloaded page resumed after the events it had seen, not from the start.
     assert any(v not in ("", "0") for v in resumed_from), resumed_from
+    # The step line seen before the reload is still there, once (kept by the tab, not re-sent).
+    assert reply.locator("details.trace-step").count() == 1
 
 
 def test_regenerate_and_switch_attempts(page: Any, api: httpx.Client) -> None:

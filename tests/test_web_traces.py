@@ -124,6 +124,13 @@ def test_a_retry_is_a_collapsed_trace_line(page: Any) -> None:
     assert trace(reply, "step").count() == 1  # one step, retried inside
     assert reply.locator(".markdown").inner_text().strip() == "Answer 2 to retry."
     shot(page, "40-trace-retry")
+    # The events were the stream's; this tab kept them, so a reload still shows the lines.
+    key = reply.get_attribute("data-key")
+    page.reload()
+    kept = page.locator(f'li.reply[data-key="{key}"]')
+    trace(kept, "retry").wait_for()
+    assert "Retry 1 of step 1" in trace(kept, "retry").locator("summary").inner_text()
+    assert trace(kept, "step").count() == 1
 
 
 def test_a_fitted_context_is_a_trace_line(page: Any) -> None:

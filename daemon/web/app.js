@@ -655,8 +655,19 @@ function traceLine(ev) {
   }
 }
 
+// A reply's trace events live in its stream only; this tab keeps them (sessionStorage), so
+// a reload, mid-stream or after, still shows the lines of the replies it followed.
+const traceKey = (skey, key) => `turnd.traces.${skey}.${key}`;
+function tracesOf(key) {
+  if (!state.traces.has(key) && state.skey) {
+    const kept = JSON.parse(sessionStorage.getItem(traceKey(state.skey, key)) || 'null');
+    if (kept) state.traces.set(key, kept);
+  }
+  return state.traces.get(key);
+}
+
 function traceLines(key) {
-  const events = state.traces.get(key);
+  const events = tracesOf(key);
   if (!events?.length) return null;
   return h('div', { class: 'traces' }, events.map((ev, i) => details(`${key}-trace-${i}`, `trace trace-${ev.event}`,
     traceLine(ev), h('pre', { text: JSON.stringify(ev.data, null, 2) }))));
@@ -689,7 +700,7 @@ function duration(ms) {
 // Model calls of a reply the page followed: its step events, a step tried on two models
 // (a fallback) counted once, as GET .../usage counts them.
 function streamedSteps(key) {
-  return new Set((state.traces.get(key) || []).filter((ev) => ev.event === 'step').map((ev) => ev.data.index)).size;
+  return new Set((tracesOf(key) || []).filter((ev) => ev.event === 'step').map((ev) => ev.data.index)).size;
 }
 
 function metaLine(value, final, done, key) {
@@ -883,6 +894,7 @@ async function follow(skey, key) {
     started: saved?.started || Date.now(), final: null, stopped: false, ctrl: null, saveTimer: null,
   };
   state.streams.set(key, st);
+  tracesOf(key); // the lines seen before a reload, kept by this tab
   let delay = 300;
   while (!st.final && !st.stopped) {
     st.ctrl = new AbortController();
@@ -912,6 +924,7 @@ async function follow(skey, key) {
   if (st.final) {
     sessionStorage.removeItem(streamKey(skey, key));
     clearTimeout(st.saveTimer);
+    saveTraces(skey, key);
     announce(`Reply ${st.final.status}${st.final.error ? `: ${st.final.error}` : ''}`);
     if (state.skey === skey) await loadConversation().catch(showError);
   }
@@ -1065,6 +1078,12 @@ function saveStream(st) {
   const { id, queued, started } = st;
   const parts = st.parts.map(({ renderTimer, rendering, ...kept }) => kept);
   sessionStorage.setItem(streamKey(st.skey, st.key), JSON.stringify({ id, parts, queued, started }));
+  saveTraces(st.skey, st.key);
+}
+
+function saveTraces(skey, key) {
+  const events = state.traces.get(key);
+  if (events?.length) sessionStorage.setItem(traceKey(skey, key), JSON.stringify(events));
 }
 
 function redrawReply(key) {
