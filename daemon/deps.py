@@ -35,7 +35,9 @@ class ConversationAt:
     info: recordstore.Record
 
 
-def _service(request: Request) -> Served:
+async def _service(request: Request) -> Served:
+    # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hop
+    # per request (two a turn) for an attribute read.
     service: Served = request.app.state.service
     return service
 

@@ -333,7 +333,8 @@ class TurnEngine:
             await self._error_reply(change.did, change.space, change.key, decision.attempt, decision.error)
             return
         reply = reply_key(change.key, decision.attempt)
-        if self._streams.get(change.did, change.space, reply) is not None:
+        address = TurnAddress(change.did, change.space, change.key, decision.attempt)
+        if address in self._starts or self._streams.get(change.did, change.space, reply) is not None:
             return  # started here (a POST, or this feed earlier): nothing to read
         await self.start_turn(change.did, change.space, change.key)
 

@@ -9,7 +9,7 @@ rest of the relay together.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -34,6 +34,7 @@ _KNOWN_DELTA_KEYS = frozenset(
 )
 _SECRETISH = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|Bearer\s+\S+)")
 MAX_ERROR = 500
+DRAIN_SECONDS = 0.1  # after [DONE], for the body's end (turns.generate._drain)
 
 
 class _TooLong(TurnFailed, PromptTooLong):
@@ -155,11 +156,13 @@ async def _stream_step(
     first_part = len(parts.parts)
     try:
         async with client.chat.completions.with_streaming_response.create(**body) as response:
-            async for line in response.iter_lines():
+            lines = response.iter_lines()
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    await _drain(lines)
                     break
                 try:
                     chunk = jiter.from_json(data.encode())
@@ -185,6 +188,16 @@ async def _stream_step(
         started = bool(calls) or len(parts.parts) > first_part
         raise ModelFailed(failure_text(exc), started=started) from None
     return [calls[i] for i in sorted(calls)]
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read what follows ``[DONE]`` (the body's end, at once from any real server): a
+    response read to its end keeps its connection in the pool, one left unread is
+    closed, and the next model call would connect again. A server that keeps the
+    stream open past ``[DONE]`` gets ``DRAIN_SECONDS``, then its connection is dropped."""
+    with anyio.move_on_after(DRAIN_SECONDS):
+        async for _ in lines:
+            pass
 
 
 
