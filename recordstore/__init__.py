@@ -16,72 +16,46 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# The collection names, re-exported from the one vocabulary module.
-from recordstore.vocabulary import (
-    CONVERSATION,
-    CONVERSATION_REF,
-    INFO,
-    MESSAGE,
-    NSID,
-    PREFERENCES,
-    SETTINGS,
-    SETTINGS_SPACE,
-    SUMMARY,
+from recordstore.errors import (
+    BlobNotFound,
+    InvalidKey,
+    InvalidRecord,
+    InvalidSwap,
+    RecordExists,
+    RecordNotFound,
+    StoreError,
+)
+from recordstore.keys import (
+    validate_address,
+    validate_collection,
+    validate_did,
+    validate_key,
+    validate_limit,
+    validate_space_key,
 )
 
+# The lexicon names, passed on from the one vocabulary module (whose __all__ lists them).
+from recordstore.vocabulary import *  # noqa: F403
+from recordstore.vocabulary import __all__ as _VOCABULARY
+
 __all__ = [
+    "BlobNotFound",
     "Change",
     "InvalidKey",
     "InvalidRecord",
     "InvalidSwap",
+    "Op",
     "Record",
     "RecordExists",
     "RecordNotFound",
     "RecordStore",
     "StoreError",
     "Write",
-    "BlobNotFound",
-    "CONVERSATION",
-    "SETTINGS",
-    "SETTINGS_SPACE",
-    "MESSAGE",
-    "INFO",
-    "PREFERENCES",
-    "CONVERSATION_REF",
-    "SUMMARY",
-    "NSID",
+    *_VOCABULARY,
 ]
 
 
 Op = Literal["create", "update", "delete"]
-
-
-class StoreError(Exception):
-    """Base of every error the store raises on purpose."""
-
-
-class RecordExists(StoreError):
-    """``create_record`` found the key taken: somebody else owns it."""
-
-
-class RecordNotFound(StoreError):
-    pass
-
-
-class BlobNotFound(StoreError):
-    pass
-
-
-class InvalidSwap(StoreError):
-    """The compare-and-swap CID did not match the stored record."""
-
-
-class InvalidRecord(StoreError):
-    """The record does not follow its lexicon; the message names the bad field."""
-
-
-class InvalidKey(StoreError, ValueError):
-    """A key that is not a valid record key (or space key)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +103,12 @@ class Change:
 
 
 class RecordStore(abc.ABC):
-    """The async, PDS-shaped interface. Every write is validated first."""
+    """The async, PDS-shaped interface. Every write is validated first.
+
+    The operations with options (``list_records``, ``put_record``) check their arguments
+    here, once for every backend, and hand them on to the backend's ``_list_records`` /
+    ``_put_record``.
+    """
 
     @abc.abstractmethod
     async def create_space(self, did: str, space_type: str, skey: str) -> None:
@@ -139,7 +118,6 @@ class RecordStore(abc.ABC):
     async def get_record(self, did: str, space: str, collection: str, key: str) -> Record | None:
         """The record, or None when the key is free."""
 
-    @abc.abstractmethod
     async def list_records(
         self,
         did: str,
@@ -151,6 +129,19 @@ class RecordStore(abc.ABC):
         reverse: bool = False,
     ) -> tuple[list[Record], str | None]:
         """Records of one collection in one space, in key order; and the next cursor."""
+        validate_did(did)
+        validate_space_key(space)
+        validate_collection(collection)
+        if cursor is not None:
+            validate_key(cursor, "cursor")
+        validate_limit(limit)
+        return await self._list_records(did, space, collection, cursor, limit, reverse)
+
+    @abc.abstractmethod
+    async def _list_records(
+        self, did: str, space: str, collection: str, cursor: str | None, limit: int, reverse: bool
+    ) -> tuple[list[Record], str | None]:
+        """:meth:`list_records`, its arguments checked."""
 
     @abc.abstractmethod
     async def create_record(
@@ -158,7 +149,6 @@ class RecordStore(abc.ABC):
     ) -> Record:
         """Create-only write: raises RecordExists when ``key`` is taken (the claim)."""
 
-    @abc.abstractmethod
     async def put_record(
         self,
         did: str,
@@ -170,6 +160,15 @@ class RecordStore(abc.ABC):
         swap_cid: str | None = None,
     ) -> Record:
         """Create or replace; with ``swap_cid`` only when the stored CID matches."""
+        validate_address(did, space, collection, key)
+        return await self._put_record(did, space, collection, key, value, swap_cid)
+
+    @abc.abstractmethod
+    async def _put_record(
+        self, did: str, space: str, collection: str, key: str, value: dict[str, Any],
+        swap: str | None,
+    ) -> Record:
+        """:meth:`put_record`, its address checked (``swap``: the ``swap_cid``)."""
 
     @abc.abstractmethod
     async def delete_record(

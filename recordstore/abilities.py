@@ -7,6 +7,7 @@ Callers check with ``isinstance(store, Ability)`` and fall back to the plain
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from recordstore import Record, Write
@@ -18,30 +19,36 @@ __all__ = [
     "BlobUsage",
     "KnownDids",
     "NewestFirst",
+    "NewestQuery",
     "RepoCollections",
     "RepoLister",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class NewestQuery:
+    """One page of ``collection``'s records in ``space``, by ``(order field, key)`` descending.
+
+    The page holds ``(key, *fields)`` of up to ``limit`` records strictly before ``before``
+    (an ``(order value, key)`` pair); ``match = (field, text)`` keeps records whose field
+    contains ``text``, case-insensitively. A missing or non-string field reads as None.
+    """
+
+    space: str
+    collection: str
+    fields: Sequence[str]
+    order: str
+    limit: int
+    before: tuple[str, str] | None = None
+    match: tuple[str, str] | None = None
 
 
 @runtime_checkable
 class NewestFirst(Protocol):
     """One page of a collection's records ordered by a field, newest first, in one read."""
 
-    async def newest(
-        self,
-        did: str,
-        space: str,
-        collection: str,
-        fields: Sequence[str],
-        *,
-        order: str,
-        limit: int,
-        before: tuple[str, str] | None = None,
-        match: tuple[str, str] | None = None,
-    ) -> list[tuple[str | None, ...]]:
-        """``(key, *fields)`` of up to ``limit`` records by ``(order field, key)`` descending,
-        strictly before ``before``; ``match = (field, text)`` keeps records whose field
-        contains ``text``, case-insensitively. A missing or non-string field is None."""
+    async def newest(self, did: str, query: NewestQuery) -> list[tuple[str | None, ...]]:
+        """The page ``query`` describes, of ``did``'s records."""
         ...
 
 

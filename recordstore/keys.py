@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from atproto_core.exceptions import InvalidNsidError
 from atproto_core.nsid import validate_nsid
 
-from recordstore import InvalidKey
+from recordstore.errors import InvalidKey
 
 __all__ = [
     "MAX_ATTEMPT",
@@ -33,9 +33,11 @@ __all__ = [
     "split_repo_rkey",
     "tid_datetime",
     "tid_from_parts",
+    "validate_address",
     "validate_collection",
     "validate_did",
     "validate_key",
+    "validate_limit",
     "validate_space_key",
 ]
 
@@ -160,6 +162,21 @@ def validate_collection(collection: str) -> str:
     except (InvalidNsidError, TypeError, AttributeError) as e:
         raise InvalidKey(f"invalid collection {_clip(str(collection))}: {e}") from None
     return collection
+
+
+def validate_address(did: str, space: str, collection: str, key: str) -> None:
+    """Check a record's address ``(did, space, collection, key)``; raise InvalidKey."""
+    validate_did(did)
+    validate_space_key(space)
+    validate_collection(collection)
+    validate_key(key)
+
+
+def validate_limit(limit: int) -> int:
+    """Return ``limit`` if it is a page size (at least 1), else raise ValueError."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    return limit
 
 
 def _clip(value: str, limit: int = 80) -> str:

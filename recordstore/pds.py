@@ -1,8 +1,7 @@
 """The record store on a real atproto PDS, over XRPC with the ``atproto`` SDK.
 
-Each served account logs in with an app password (``createSession``); the SDK's
-``AsyncClient`` refreshes the access token before it expires, and a session whose refresh
-token is gone (expired, revoked) is replaced by a new login. Records live in the
+Each served account logs in with an app password (its sessions:
+:mod:`recordstore.pds_auth`; its blobs: :mod:`recordstore.pds_blobs`). Records live in the
 classic-repo layout (:func:`recordstore.keys.repo_rkey`): the space key and the key within
 it joined as ``<space>:<key>``, so one space is one contiguous range of record keys.
 
@@ -28,92 +27,33 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import httpx
-from atproto_client import AsyncClient
-from atproto_client.exceptions import (
-    BadRequestError,
-    LoginRequiredError,
-    NetworkError,
-    RequestErrorBase,
-    UnauthorizedError,
-)
+from atproto_client.exceptions import BadRequestError, RequestErrorBase
 from atproto_client.models.dot_dict import DotDict
-from atproto_client.request import AsyncRequest
 
-from recordstore import (
-    BlobNotFound,
-    Change,
-    InvalidRecord,
-    InvalidSwap,
-    Record,
-    RecordExists,
-    RecordStore,
-    StoreError,
-)
+from recordstore import Change, Record, RecordStore
+from recordstore.errors import InvalidSwap, RecordExists, StoreError
 from recordstore.firehose import FeedAccount, PdsFeed
-from recordstore.keys import (
-    repo_rkey,
-    validate_collection,
-    validate_did,
-    validate_key,
-    validate_space_key,
-)
-from recordstore.write import MAX_RECORD_BYTES, BlobRefError, prepare_write
+from recordstore.keys import repo_rkey, validate_collection, validate_space_key
+from recordstore.pds_auth import PdsAccount, PdsSession, PdsSessions
+from recordstore.pds_blobs import PdsBlobs
+from recordstore.pds_errors import describe, error_name, store_error, transient
+from recordstore.write import MAX_RECORD_BYTES, prepare_write
 
-__all__ = ["MAX_RECORD_BYTES", "PdsAccount", "PdsStore", "open_pds_store"]
+__all__ = ["MAX_RECORD_BYTES", "PdsAccount", "PdsLogin", "PdsStore", "open_pds_store"]
 
 log = logging.getLogger(__name__)
 
 _PAGE = 100  # listRecords' largest page
-_TOKEN_ERRORS = {"ExpiredToken", "InvalidToken", "AuthenticationRequired", "AuthMissing"}
 # create_record: how often a write that left nothing behind is tried again, and how often
 # the read-back after a failed write is tried before the outcome counts as unknown.
 _CREATE_TRIES = 3
 _READBACK_TRIES = 5
 # put_record with a swap: how long an unreachable PDS (or its 5xx) is retried.
 _PUT_RETRY_SECONDS = 60.0
-
-
-@dataclass(slots=True)
-class PdsAccount:
-    """One account turnd serves on a PDS.
-
-    ``service`` is where it logs in (its PDS, or an entryway); after login the SDK talks to
-    the PDS named in the account's DID document. ``password`` is an app password.
-    """
-
-    identifier: str  # handle or DID
-    password: str = field(repr=False)
-    service: str
-    did: str | None = None
-
-
-@dataclass(slots=True)
-class _Session:
-    account: PdsAccount
-    client: AsyncClient
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    logged_in: bool = False
-
-    @property
-    def did(self) -> str | None:
-        return self.account.did
-
-    @property
-    def identifier(self) -> str:
-        return self.account.identifier
-
-    @property
-    def endpoint(self) -> str:
-        """The PDS this account's records are on (known after login)."""
-        session = self.client._session  # the SDK keeps the DID document's PDS there
-        if session is not None and session.pds_endpoint:
-            return session.pds_endpoint.rstrip("/").removesuffix("/xrpc")
-        return self.account.service.rstrip("/")
 
 
 class PdsStore(RecordStore):
@@ -132,17 +72,10 @@ class PdsStore(RecordStore):
     ) -> None:
         if not accounts:
             raise StoreError("a pds store needs at least one account")
-        self._timeout = request_timeout
         self.sweep_interval = sweep_interval
-        self._sessions: list[_Session] = [
-            _Session(a, AsyncClient(a.service, request=AsyncRequest(timeout=request_timeout)))
-            for a in accounts
-        ]
+        self._sessions = PdsSessions(accounts, request_timeout=request_timeout)
         self._http = httpx.AsyncClient(timeout=request_timeout)
-        self._by_did: dict[str, _Session] = {}
-        for s in self._sessions:
-            if s.account.did:
-                self._by_did[validate_did(s.account.did)] = s
+        self._blobs = PdsBlobs(self._sessions, self._http)
 
     @classmethod
     async def open(
@@ -156,104 +89,37 @@ class PdsStore(RecordStore):
         not (its accounts log in on first use), so one PDS being down stops nobody else."""
         store = cls(accounts, request_timeout=request_timeout, sweep_interval=sweep_interval)
         try:
-            async with anyio.create_task_group() as tg:
-                for s in store._sessions:
-                    tg.start_soon(store._first_login, s)
+            await store._sessions.first_logins()
         except BaseException:
             await store.aclose()
             raise
         return store
 
-    async def _first_login(self, s: _Session) -> None:
-        try:
-            await self._login(s)
-        except (NetworkError, httpx.TransportError) as e:
-            log.warning(
-                "%s: PDS %s unreachable, will retry: %s", s.account.identifier, s.account.service, e
-            )
-
     async def aclose(self) -> None:
-        for s in self._sessions:
-            await s.client.request.close()
+        await self._sessions.aclose()
         await self._http.aclose()
 
-    # --- sessions -----------------------------------------------------------------
+    # --- sessions (recordstore.pds_auth) ---------------------------------------------
 
     @property
     def dids(self) -> list[str]:
         """The DIDs served (of the accounts logged in so far)."""
-        return list(self._by_did)
-
-    def sessions(self) -> list[_Session]:
-        return list(self._sessions)
+        return self._sessions.dids
 
     def known_dids(self) -> dict[str, str]:
         """Login identifier -> DID, for the accounts logged in (:class:`~recordstore.abilities.KnownDids`)."""
-        return {s.account.identifier: s.account.did for s in self._sessions if s.account.did}
+        return self._sessions.known_dids()
 
-    def feed_accounts(self) -> list[_Session]:
+    def feed_accounts(self) -> list[PdsSession]:
         """The accounts the change feed follows (:class:`recordstore.firehose.FeedSource`)."""
-        return list(self._sessions)
+        return list(self._sessions.all)
 
     async def log_in(self, account: FeedAccount) -> None:
-        assert isinstance(account, _Session), account  # one of feed_accounts()
-        await self._login(account)
+        assert isinstance(account, PdsSession), account  # one of feed_accounts()
+        await self._sessions.login(account)
 
-    async def _login(self, s: _Session) -> None:
-        async with s.lock:
-            await self._login_locked(s)
-
-    async def _login_locked(self, s: _Session) -> None:
-        try:
-            await s.client.login(s.account.identifier, s.account.password, fetch_bsky_profile=False)
-        except (BadRequestError, UnauthorizedError) as e:
-            raise StoreError(f"{s.account.identifier}: login refused: {_describe(e)}") from None
-        session = s.client._session
-        assert session is not None
-        if s.account.did and session.did != s.account.did:
-            raise StoreError(
-                f"{s.account.identifier}: logged in as {session.did}, configured {s.account.did}"
-            )
-        s.account.did = session.did
-        self._by_did[session.did] = s
-        s.logged_in = True
-
-    async def _session_for(self, did: str) -> _Session:
-        validate_did(did)
-        s = self._by_did.get(did)
-        if s is None:
-            # An account whose PDS was down at open may be this DID: try them now.
-            for pending in self._sessions:
-                if not pending.logged_in and pending.account.did in (None, did):
-                    try:
-                        await self._login(pending)
-                    except (NetworkError, httpx.TransportError):
-                        continue
-            s = self._by_did.get(did)
-        if s is None:
-            raise StoreError(f"{did} is not an account this store serves")
-        if not s.logged_in:
-            await self._login(s)
-        return s
-
-    async def _call(self, did: str, kind: str, nsid: str, **kwargs: Any) -> Any:
-        """One XRPC call as ``did``; a dead session (refresh token gone) logs in again."""
-        s = await self._session_for(did)
-        for attempt in (1, 2):
-            try:
-                if kind == "query":
-                    resp = await s.client.invoke_query(nsid, **kwargs)
-                else:
-                    resp = await s.client.invoke_procedure(nsid, **kwargs)
-                return resp.content
-            except (LoginRequiredError, BadRequestError, UnauthorizedError) as e:
-                if attempt == 2 or not (
-                    isinstance(e, LoginRequiredError) or _error_name(e) in _TOKEN_ERRORS
-                ):
-                    raise
-                log.info("%s: session ended (%s), logging in again", did, _describe(e))
-                await self._login(s)
-        raise AssertionError("unreachable")
+    async def _session_for(self, did: str) -> PdsSession:
+        return await self._sessions.session_for(did)
 
     # --- records ------------------------------------------------------------------
 
@@ -264,37 +130,24 @@ class PdsStore(RecordStore):
         await self._session_for(did)
 
     async def get_record(self, did: str, space: str, collection: str, key: str) -> Record | None:
-        rkey = _rkey(space, key)
+        rkey = repo_rkey(space, key)
         validate_collection(collection)
         try:
-            out = await self._call(
+            out = await self._sessions.call(
                 did,
                 "query",
                 "com.atproto.repo.getRecord",
                 params=DotDict({"repo": did, "collection": collection, "rkey": rkey}),
             )
         except RequestErrorBase as e:
-            if _error_name(e) == "RecordNotFound":
+            if error_name(e) == "RecordNotFound":
                 return None
-            raise _store_error(e, f"getRecord {collection}/{rkey}") from None
+            raise store_error(e, f"getRecord {collection}/{rkey}") from None
         return Record(did, space, collection, key, out["cid"], out["value"])
 
-    async def list_records(
-        self,
-        did: str,
-        space: str,
-        collection: str,
-        *,
-        cursor: str | None = None,
-        limit: int = 100,
-        reverse: bool = False,
+    async def _list_records(
+        self, did: str, space: str, collection: str, cursor: str | None, limit: int, reverse: bool
     ) -> tuple[list[Record], str | None]:
-        validate_space_key(space)
-        validate_collection(collection)
-        if cursor is not None:
-            validate_key(cursor, "cursor")
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
         prefix = f"{space}:"
         # The PDS lists ascending with reverse=true, from just after its cursor; descending
         # otherwise, from just before it. ';' is the character after ':', so "<space>;"
@@ -333,11 +186,11 @@ class PdsStore(RecordStore):
         if ascending:
             params["reverse"] = True
         try:
-            return await self._call(
+            return await self._sessions.call(
                 did, "query", "com.atproto.repo.listRecords", params=DotDict(params)
             )
         except RequestErrorBase as e:
-            raise _store_error(e, f"listRecords {collection}") from None
+            raise store_error(e, f"listRecords {collection}") from None
 
     async def iter_repo(
         self, did: str, collection: str
@@ -355,17 +208,17 @@ class PdsStore(RecordStore):
     async def latest_rev(self, did: str) -> str:
         """The repo's current revision (a TID), for the change feed's gap check."""
         try:
-            out = await self._call(
+            out = await self._sessions.call(
                 did, "query", "com.atproto.sync.getLatestCommit", params=DotDict({"did": did})
             )
         except RequestErrorBase as e:
-            raise _store_error(e, "getLatestCommit") from None
+            raise store_error(e, "getLatestCommit") from None
         return str(out["rev"])
 
     async def create_record(
         self, did: str, space: str, collection: str, key: str, value: dict[str, Any]
     ) -> Record:
-        rkey = _rkey(space, key)
+        rkey = repo_rkey(space, key)
         # The PDS checks blob references itself (BlobNotFound, InvalidMimeType, ...).
         w = await prepare_write(collection, value)
         value, cid = w.value, w.cid
@@ -397,7 +250,7 @@ class PdsStore(RecordStore):
             if isinstance(last_error, BadRequestError):
                 break  # refused, and nothing is there: trying again will not help
         assert last_error is not None
-        raise _store_error(last_error, f"createRecord {collection}/{rkey}")
+        raise store_error(last_error, f"createRecord {collection}/{rkey}")
 
     async def _read_back(
         self, did: str, space: str, collection: str, key: str, cause: Exception | None
@@ -411,20 +264,14 @@ class PdsStore(RecordStore):
                 log.warning("read-back of %s/%s:%s failed: %s", collection, space, key, e)
         raise StoreError(
             f"createRecord {collection}/{space}:{key}: outcome unknown "
-            f"({_describe(cause) if cause else 'no answer'}; the key could not be read back)"
+            f"({describe(cause) if cause else 'no answer'}; the key could not be read back)"
         )
 
-    async def put_record(
-        self,
-        did: str,
-        space: str,
-        collection: str,
-        key: str,
-        value: dict[str, Any],
-        *,
-        swap_cid: str | None = None,
+    async def _put_record(
+        self, did: str, space: str, collection: str, key: str, value: dict[str, Any],
+        swap: str | None,
     ) -> Record:
-        rkey = _rkey(space, key)
+        rkey = repo_rkey(space, key)
         w = await prepare_write(collection, value)
         value, cid = w.value, w.cid
         body: dict[str, Any] = {
@@ -433,14 +280,14 @@ class PdsStore(RecordStore):
             "rkey": rkey,
             "record": value,
         }
-        if swap_cid is not None:
-            body["swapRecord"] = swap_cid
+        if swap is not None:
+            body["swapRecord"] = swap
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         # A put with a swap is safe to send again: a replay cannot overwrite someone
         # else's write, and one that landed although its answer was lost shows as our
         # CID on read-back. So while the PDS is unreachable (restarting, say) it is tried
         # for a while — the turn engine's final write must not leave a reply `pending`.
-        deadline = anyio.current_time() + (_PUT_RETRY_SECONDS if swap_cid is not None else 0)
+        deadline = anyio.current_time() + (_PUT_RETRY_SECONDS if swap is not None else 0)
         delay = 0.25
         retried = False
         while True:
@@ -448,16 +295,16 @@ class PdsStore(RecordStore):
                 await self._post(did, "com.atproto.repo.putRecord", payload)
                 return Record(did, space, collection, key, cid, value)
             except RequestErrorBase as e:
-                if _error_name(e) == "InvalidSwap":
+                if error_name(e) == "InvalidSwap":
                     if retried:
                         found = await self.get_record(did, space, collection, key)
                         if found is not None and found.cid == cid:
                             return found  # an earlier try landed
-                    raise InvalidSwap(f"{collection}/{rkey} is not at {swap_cid}") from None
-                if not _transient(e) or anyio.current_time() + delay > deadline:
-                    raise _store_error(e, f"putRecord {collection}/{rkey}") from None
+                    raise InvalidSwap(f"{collection}/{rkey} is not at {swap}") from None
+                if not transient(e) or anyio.current_time() + delay > deadline:
+                    raise store_error(e, f"putRecord {collection}/{rkey}") from None
                 if not retried:
-                    log.warning("putRecord %s/%s: %s; retrying", collection, rkey, _describe(e))
+                    log.warning("putRecord %s/%s: %s; retrying", collection, rkey, describe(e))
                 retried = True
             await anyio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -465,7 +312,7 @@ class PdsStore(RecordStore):
     async def delete_record(
         self, did: str, space: str, collection: str, key: str, *, swap_cid: str | None = None
     ) -> None:
-        rkey = _rkey(space, key)
+        rkey = repo_rkey(space, key)
         validate_collection(collection)
         body: dict[str, Any] = {"repo": did, "collection": collection, "rkey": rkey}
         if swap_cid is not None:
@@ -473,63 +320,26 @@ class PdsStore(RecordStore):
         try:
             await self._post(did, "com.atproto.repo.deleteRecord", json.dumps(body).encode())
         except RequestErrorBase as e:
-            if _error_name(e) == "InvalidSwap":
+            if error_name(e) == "InvalidSwap":
                 # As the local store: deleting an absent record is a no-op, even with a swap.
                 if await self.get_record(did, space, collection, key) is None:
                     return
                 raise InvalidSwap(f"{collection}/{rkey} is not at {swap_cid}") from None
-            raise _store_error(e, f"deleteRecord {collection}/{rkey}") from None
+            raise store_error(e, f"deleteRecord {collection}/{rkey}") from None
 
     async def _post(self, did: str, nsid: str, payload: bytes) -> dict[str, Any]:
-        out = await self._call(
+        out = await self._sessions.call(
             did, "procedure", nsid, content=payload, headers={"Content-Type": "application/json"}
         )
         return out if isinstance(out, dict) else {}
 
-    # --- blobs ----------------------------------------------------------------------
+    # --- blobs (recordstore.pds_blobs) ----------------------------------------------
 
     async def upload_blob(self, did: str, data: bytes, mime_type: str) -> dict[str, Any]:
-        if not isinstance(mime_type, str) or "/" not in mime_type:
-            raise StoreError(f"invalid blob mime type {mime_type!r}")
-        try:
-            out = await self._call(
-                did,
-                "procedure",
-                "com.atproto.repo.uploadBlob",
-                content=bytes(data),
-                headers={"Content-Type": mime_type},
-            )
-        except RequestErrorBase as e:
-            raise _store_error(e, "uploadBlob") from None
-        blob = out["blob"]
-        return {
-            "$type": "blob",
-            "ref": {"$link": blob["ref"]["$link"]},
-            "mimeType": blob["mimeType"],
-            "size": blob["size"],
-        }
+        return await self._blobs.upload(did, data, mime_type)
 
     async def get_blob(self, did: str, cid: str) -> bytes:
-        s = await self._session_for(did)
-        # sync.getBlob is public and answers with the blob's own content type; the SDK
-        # would parse a JSON blob into a dict, so its bytes are read with plain httpx.
-        try:
-            resp = await self._http.get(
-                f"{s.endpoint}/xrpc/com.atproto.sync.getBlob", params={"did": did, "cid": cid}
-            )
-        except httpx.HTTPError as e:
-            raise StoreError(f"getBlob {cid}: {type(e).__name__}: {e}") from None
-        if resp.status_code == 200:
-            return resp.content
-        try:
-            name = resp.json().get("error")
-        except ValueError:
-            name = None
-        if name in {"BlobNotFound", "RepoNotFound"} or resp.status_code == 404:
-            raise BlobNotFound(f"no blob {cid} for {did}")
-        if name == "InvalidRequest" and resp.status_code == 400:
-            raise BlobNotFound(f"no blob {cid!r} for {did} ({resp.text[:200]})")
-        raise StoreError(f"getBlob {cid}: {resp.status_code} {resp.text[:200]}")
+        return await self._blobs.get(did, cid)
 
     # --- the change feed --------------------------------------------------------------
 
@@ -537,68 +347,28 @@ class PdsStore(RecordStore):
         return PdsFeed(self, sweep_interval=self.sweep_interval).changes(cursor)
 
 
-async def open_pds_store(service: str | None, accounts: Iterable[Any]) -> PdsStore:
-    """Open the store from the daemon's config: ``[store] service`` and its accounts
-    (objects with ``handle``, ``password`` — the app password — and optional ``did``)."""
+class PdsLogin(Protocol):
+    """An account as the daemon's config holds it (``[accounts.X]``)."""
+
+    @property
+    def handle(self) -> str: ...
+    @property
+    def password(self) -> str | None:
+        """The app password."""
+        ...
+    @property
+    def did(self) -> str | None: ...
+
+
+async def open_pds_store(service: str | None, accounts: Iterable[PdsLogin]) -> PdsStore:
+    """Open the store from the daemon's config: ``[store] service`` and its accounts."""
     if not service:
         raise StoreError('store.service: required when store.kind is "pds"')
     pds_accounts = []
     for a in accounts:
-        if not getattr(a, "password", None):
+        if not a.password:
             raise StoreError(f"account {a.handle}: a pds store needs its app password")
         pds_accounts.append(
-            PdsAccount(
-                identifier=getattr(a, "did", None) or a.handle,
-                password=a.password,
-                service=service,
-                did=getattr(a, "did", None),
-            )
+            PdsAccount(identifier=a.did or a.handle, password=a.password, service=service, did=a.did)
         )
     return await PdsStore.open(pds_accounts)
-
-
-# --- helpers ---------------------------------------------------------------------------
-
-
-def _rkey(space: str, key: str) -> str:
-    return repo_rkey(space, key)
-
-
-def _error_name(e: BaseException) -> str | None:
-    response = getattr(e, "response", None)
-    content = getattr(response, "content", None)
-    return getattr(content, "error", None)
-
-
-def _transient(e: BaseException) -> bool:
-    """The PDS could not be reached, or failed on its side: worth another try."""
-    response = getattr(e, "response", None)
-    if response is None:
-        return isinstance(e, NetworkError)  # no answer: refused, reset, timed out
-    return response.status_code >= 500  # (the SDK's NetworkError also covers 409 and 413)
-
-
-def _describe(e: BaseException) -> str:
-    response = getattr(e, "response", None)
-    if response is None:
-        cause = e.__cause__ or e.__context__
-        return f"{type(e).__name__}: {cause or e}"
-    content = getattr(response, "content", None)
-    name = getattr(content, "error", None)
-    message = getattr(content, "message", None)
-    parts = [str(response.status_code), name, message]
-    return " ".join(str(p) for p in parts if p)
-
-
-_BLOB_ERRORS = {"BlobNotFound", "InvalidMimeType", "InvalidSize"}
-
-
-def _store_error(e: BaseException, what: str) -> StoreError:
-    response = getattr(e, "response", None)
-    name = _error_name(e)
-    if name in _BLOB_ERRORS:
-        content = getattr(response, "content", None)
-        return BlobRefError(str(name), str(getattr(content, "message", None) or name))
-    if response is not None and response.status_code == 413:
-        return InvalidRecord(f"{what}: too large for the PDS (413)")
-    return StoreError(f"{what}: {_describe(e)}")

@@ -28,6 +28,7 @@ from recordstore import (
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import DB_NAME, LocalStore
+from tests.support.feeds import take
 from tests.support.records import stored_message as message
 from tests.support.strategies import valid_messages
 
@@ -51,16 +52,6 @@ def _big_message() -> dict[str, Any]:
 def op_count(root: Path) -> int:
     with sqlite3.connect(root / DB_NAME) as db:
         return db.execute("SELECT count(*) FROM ops").fetchone()[0]
-
-
-async def take(feed: AsyncIterator[Change], n: int, within: float = 10) -> list[Change]:
-    out: list[Change] = []
-    with anyio.fail_after(within):
-        async for change in feed:
-            out.append(change)
-            if len(out) == n:
-                break
-    return out
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -24,6 +25,7 @@ from recordstore.pds import PdsAccount, PdsStore
 from recordstore.write import BlobRefError
 from testbed.pds import Account, PdsServer
 from testbed.ports import free_port
+from tests.support.feeds import take
 from tests.support.records import stored_message as message
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pds]
@@ -49,31 +51,26 @@ def did(pds_account: Account) -> str:
     return pds_account.did
 
 
-async def direct_client(pds: PdsServer, acct: Account) -> AsyncClient:
+@pytest.fixture
+async def direct(pds: PdsServer, pds_account: Account) -> AsyncClient:
     """The stock SDK, as a direct-PDS client would use it."""
     client = AsyncClient(pds.url)
-    await client.login(acct.handle, acct.password, fetch_bsky_profile=False)
+    await client.login(pds_account.handle, pds_account.password, fetch_bsky_profile=False)
     return client
 
 
-async def take(feed: AsyncIterator[Change], n: int, within: float = 20.0) -> list[Change]:
-    out: list[Change] = []
-    with anyio.fail_after(within):
-        async for change in feed:
-            out.append(change)
-            if len(out) == n:
-                break
-    return out
-
-
-async def start(feed: AsyncIterator[Change], store: PdsStore, did: str) -> Change:
-    """Start a feed (a generator runs from its first read) and read past a marker."""
-    marker = await store.create_record(did, "0start", MESSAGE, new_tid(), message())
-    with anyio.fail_after(10):
-        async for change in feed:
-            if change.space == "0start" and change.key == marker.key:
-                return change
-    raise AssertionError("the feed ended")
+@asynccontextmanager
+async def started_feed(store: PdsStore, did: str) -> AsyncIterator[AsyncIterator[Change]]:
+    """The feed from the start, read past a marker (a generator runs from its first read)."""
+    async with store.changes() as feed:
+        marker = await store.create_record(did, "0start", MESSAGE, new_tid(), message())
+        with anyio.fail_after(10):
+            async for change in feed:
+                if change.space == "0start" and change.key == marker.key:
+                    break
+            else:
+                raise AssertionError("the feed ended")
+        yield feed
 
 
 # --- records -------------------------------------------------------------------------------
@@ -156,11 +153,10 @@ async def test_session_logs_in_again_when_its_tokens_are_gone(store: PdsStore, d
 
 
 async def test_feed_from_start_then_a_direct_write_live(
-    pds: PdsServer, pds_account: Account, store: PdsStore, did: str
+    direct: AsyncClient, store: PdsStore, did: str
 ) -> None:
     await store.create_record(did, SPACE, MESSAGE, "a", message("a"))
     two = await store.put_record(did, SPACE, MESSAGE, "b", message("b"))
-    direct = await direct_client(pds, pds_account)
     async with store.changes() as feed:
         backfill = await take(feed, 2)
         assert sorted((c.key, c.op, c.live) for c in backfill) == [
@@ -206,8 +202,7 @@ async def test_feed_from_start_then_a_direct_write_live(
 
 
 async def test_feed_resumes_from_its_cursor_exactly_once(store: PdsStore, did: str) -> None:
-    async with store.changes() as feed:
-        await start(feed, store, did)
+    async with started_feed(store, did) as feed:
         for i in range(12):
             await store.create_record(did, SPACE, MESSAGE, f"k{i:03}", message())
         first = await take(feed, 12)
@@ -232,11 +227,9 @@ async def test_feed_resumes_from_its_cursor_exactly_once(store: PdsStore, did: s
 
 
 async def test_multi_op_commit_cursor_waits_for_its_last_op(
-    pds: PdsServer, pds_account: Account, store: PdsStore, did: str
+    direct: AsyncClient, store: PdsStore, did: str
 ) -> None:
-    direct = await direct_client(pds, pds_account)
-    async with store.changes() as feed:
-        await start(feed, store, did)
+    async with started_feed(store, did) as feed:
         await store.create_record(did, SPACE, MESSAGE, "before", message())
         [before] = await take(feed, 1)
         writes = [
@@ -274,11 +267,9 @@ async def test_feed_from_a_cursor_ahead_of_the_pds_sweeps(store: PdsStore, did: 
 
 
 async def test_feed_reports_invalid_records_written_directly(
-    pds: PdsServer, pds_account: Account, store: PdsStore, did: str
+    direct: AsyncClient, store: PdsStore, did: str
 ) -> None:
-    direct = await direct_client(pds, pds_account)
-    async with store.changes() as feed:
-        await start(feed, store, did)
+    async with started_feed(store, did) as feed:
         await direct.com.atproto.repo.create_record(
             {
                 "repo": did,
@@ -303,8 +294,7 @@ async def test_an_unreachable_pds_stops_no_other_account(
         [down, account_of(pds, pds_account)], sweep_interval=0.5
     ) as store:
         assert store.dids == [did]
-        async with store.changes() as feed:
-            await start(feed, store, did)
+        async with started_feed(store, did) as feed:
             await store.create_record(did, SPACE, MESSAGE, "k", message())
             [c] = await take(feed, 1)
             assert c.key == "k"
@@ -315,8 +305,7 @@ async def test_two_accounts_one_feed(pds: PdsServer, pds_account: Account) -> No
     async with await PdsStore.open(
         [account_of(pds, pds_account), account_of(pds, other)], sweep_interval=0.5
     ) as store:
-        async with store.changes() as feed:
-            await start(feed, store, pds_account.did)
+        async with started_feed(store, pds_account.did) as feed:
             await store.create_record(pds_account.did, SPACE, MESSAGE, "a", message())
             await store.create_record(other.did, SPACE, MESSAGE, "b", message())
             got = await take(feed, 2)
@@ -330,8 +319,7 @@ async def test_firehose_delivers_every_write_once_in_order(store: PdsStore, did:
 
     The latency of this path is a benchmark figure (``python -m bench.pds``), not a test.
     """
-    async with store.changes() as feed:
-        await start(feed, store, did)
+    async with started_feed(store, did) as feed:
         for i in range(200):
             record = await store.create_record(did, SPACE, MESSAGE, f"l{i:03}", message())
             [c] = await take(feed, 1)

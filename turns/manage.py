@@ -28,7 +28,7 @@ from recordstore import (
     RecordStore,
     StoreError,
 )
-from recordstore.abilities import BlobCollector, NewestFirst
+from recordstore.abilities import BlobCollector, NewestFirst, NewestQuery
 from recordstore.lexicon import validate_record
 from recordstore.times import now_iso
 from recordstore.vocabulary import APPROVAL
@@ -82,11 +82,12 @@ async def page(
     """Newest first (by ``updatedAt``, then key); ``q`` matches titles case-insensitively."""
     after = _decode_cursor(cursor) if cursor else None
     if isinstance(store, NewestFirst):
-        found = await store.newest(
-            did, SETTINGS_SPACE, CONVERSATION_REF, ("title", "updatedAt"),
+        query = NewestQuery(
+            SETTINGS_SPACE, CONVERSATION_REF, ("title", "updatedAt"),
             order="updatedAt", limit=limit + 1, before=after,
             match=("title", q) if q else None,
         )
+        found = await store.newest(did, query)
         rows = [(row[0] or "", row[1], row[2]) for row in found]
     else:
         rows = await _scan(store, did, limit + 1, after, q)

@@ -4,6 +4,7 @@
   ``redis_server``, ``serve``), loaded by ``tests/conftest.py``; the servers they start are
   in the ``testbed`` package;
 - ``records``: record builders and readers (user messages, text parts, reply text);
+- ``feeds``: reading a store's change feed (the next ``n`` changes, within a deadline);
 - ``sse``: the one reader of ``text/event-stream`` replies (on ``httpx-sse``);
 - ``accounts``: the test accounts alice and bob (DIDs, passwords, tokens);
 - ``daemon``: the whole daemon in this process on loopback (HTTP, SSE, XRPC tests);
