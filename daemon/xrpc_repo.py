@@ -17,7 +17,7 @@ from daemon.accounts import Account
 from daemon.xrpc_access import XrpcAccess
 from daemon.xrpc_errors import XrpcError, invalid_request
 from recordstore import keys
-from recordstore.abilities import BatchWrites, RepoCollections, RepoLister
+from recordstore.abilities import BatchWrites, RepoCollections, RepoLister, RepoPage
 from recordstore.lexicon import has_lexicon
 
 __all__ = ["RepoMethods"]
@@ -323,9 +323,7 @@ async def _list_repo(
     list the whole repo (``list_repo_records``), it spans spaces as on a PDS.
     """
     if isinstance(store, RepoLister):
-        return await store.list_repo_records(
-            did, collection, cursor=cursor, limit=limit, reverse=reverse
-        )
+        return await store.list_repo_records(did, RepoPage(collection, cursor, limit, reverse))
     if cursor is None or ":" not in cursor:
         raise invalid_request(
             "this store lists one space at a time: pass cursor '<skey>:' "

@@ -22,6 +22,7 @@ __all__ = [
     "NewestQuery",
     "RepoCollections",
     "RepoLister",
+    "RepoPage",
 ]
 
 
@@ -41,6 +42,18 @@ class NewestQuery:
     limit: int
     before: tuple[str, str] | None = None
     match: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RepoPage:
+    """One page of a collection across every space, as XRPC ``listRecords`` pages it: by
+    rkey (``<space>:<key>``), descending unless ``reverse``, from just after ``cursor`` (an
+    rkey); the next cursor is the page's last rkey."""
+
+    collection: str
+    cursor: str | None = None
+    limit: int = 100
+    reverse: bool = False
 
 
 @runtime_checkable
@@ -99,15 +112,9 @@ class BatchWrites(Protocol):
 class RepoLister(Protocol):
     """One collection across every space, in classic-repo rkey order (XRPC ``listRecords``)."""
 
-    async def list_repo_records(
-        self,
-        did: str,
-        collection: str,
-        *,
-        cursor: str | None = None,
-        limit: int = 100,
-        reverse: bool = False,
-    ) -> tuple[list[Record], str | None]: ...
+    async def list_repo_records(self, did: str, page: RepoPage) -> tuple[list[Record], str | None]:
+        """The page of ``did``'s repo ``page`` describes, and the next page's cursor."""
+        ...
 
 
 @runtime_checkable

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from recordstore import Change, Record, RecordStore, Write
-from recordstore.abilities import NewestQuery
+from recordstore.abilities import NewestQuery, RepoPage
 from recordstore.errors import InvalidSwap, RecordExists, RecordNotFound
 from recordstore.keys import (
     validate_address,
@@ -97,24 +97,12 @@ class LocalStore(RecordStore):
     ) -> tuple[list[Record], str | None]:
         return await space_page(self._db, did, space, collection, cursor, limit, reverse)
 
-    async def list_repo_records(
-        self,
-        did: str,
-        collection: str,
-        *,
-        cursor: str | None = None,
-        limit: int = 100,
-        reverse: bool = False,
-    ) -> tuple[list[Record], str | None]:
-        """One collection across every space, in classic-repo rkey order (``<space>:<key>``).
-
-        PDS semantics, for XRPC ``listRecords``: descending unless ``reverse``; the
-        cursor is an rkey and the next cursor the last rkey of the page.
-        """
+    async def list_repo_records(self, did: str, page: RepoPage) -> tuple[list[Record], str | None]:
+        """recordstore.abilities.RepoLister: a page of the repo in classic-repo rkey order."""
         validate_did(did)
-        validate_collection(collection)
-        validate_limit(limit)
-        return await repo_page(self._db, did, collection, cursor, limit, reverse)
+        validate_collection(page.collection)
+        validate_limit(page.limit)
+        return await repo_page(self._db, did, page)
 
     async def newest(self, did: str, query: NewestQuery) -> list[tuple[str | None, ...]]:
         """recordstore.abilities.NewestFirst: one query, sorted and cut in SQLite."""

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from recordstore import Record
-from recordstore.abilities import NewestQuery
+from recordstore.abilities import NewestQuery, RepoPage
 from recordstore.keys import repo_rkey
 from recordstore.local_db import NEWEST_INDEXES, RECORD_COLS, LocalDb
 
@@ -28,7 +28,13 @@ def record_of(row: Any) -> Record:
 
 
 async def space_page(
-    db: LocalDb, did: str, space: str, collection: str, cursor: str | None, limit: int, reverse: bool
+    db: LocalDb,
+    did: str,
+    space: str,
+    collection: str,
+    cursor: str | None,
+    limit: int,
+    reverse: bool,
 ) -> tuple[list[Record], str | None]:
     """One space's records of ``collection`` in key order (checked arguments)."""
     where = "did = ? AND space = ? AND collection = ?"
@@ -36,13 +42,12 @@ async def space_page(
     return records, (records[-1].key if more else None)
 
 
-async def repo_page(
-    db: LocalDb, did: str, collection: str, cursor: str | None, limit: int, reverse: bool
-) -> tuple[list[Record], str | None]:
-    """The whole repo's records of ``collection`` in rkey order, descending unless ``reverse``
-    (as XRPC ``listRecords``); the cursor is an rkey."""
+async def repo_page(db: LocalDb, did: str, page: RepoPage) -> tuple[list[Record], str | None]:
+    """The whole repo's records of a collection in rkey order (checked arguments)."""
     where = "did = ? AND collection = ?"
-    records, more = await _page(db, where, [did, collection], _RKEY, cursor, limit, not reverse)
+    params: list[Any] = [did, page.collection]
+    descending = not page.reverse
+    records, more = await _page(db, where, params, _RKEY, page.cursor, page.limit, descending)
     last = records[-1] if more else None
     return records, (repo_rkey(last.space, last.key) if last else None)
 

@@ -368,7 +368,6 @@ async def open_pds_store(service: str | None, accounts: Iterable[PdsLogin]) -> P
     for a in accounts:
         if not a.password:
             raise StoreError(f"account {a.handle}: a pds store needs its app password")
-        pds_accounts.append(
-            PdsAccount(identifier=a.did or a.handle, password=a.password, service=service, did=a.did)
-        )
+        login = PdsAccount(a.did or a.handle, password=a.password, service=service, did=a.did)
+        pds_accounts.append(login)
     return await PdsStore.open(pds_accounts)

@@ -8,6 +8,8 @@ answer at all) carries the XRPC error body as ``content.error`` / ``content.mess
 from __future__ import annotations
 
 from atproto_client.exceptions import NetworkError, RequestErrorBase
+from atproto_client.models.common import XrpcError
+from atproto_client.models.dot_dict import DotDict
 from atproto_client.request import Response
 
 from recordstore.errors import InvalidRecord, StoreError
@@ -22,8 +24,7 @@ _BLOB_ERRORS = {"BlobNotFound", "InvalidMimeType", "InvalidSize"}
 
 def error_name(e: BaseException) -> str | None:
     """The XRPC error name of the PDS's answer (``InvalidSwap``, ...), if any."""
-    content = _content(e)
-    return getattr(content, "error", None)
+    return _error_body(e)[0]
 
 
 def transient(e: BaseException) -> bool:
@@ -40,9 +41,7 @@ def describe(e: BaseException) -> str:
     if response is None:
         cause = e.__cause__ or e.__context__
         return f"{type(e).__name__}: {cause or e}"
-    content = _content(e)
-    name = getattr(content, "error", None)
-    message = getattr(content, "message", None)
+    name, message = _error_body(e)
     parts = [str(response.status_code), name, message]
     return " ".join(str(p) for p in parts if p)
 
@@ -51,7 +50,7 @@ def store_error(e: BaseException, what: str) -> StoreError:
     """The store's error for the PDS's answer to ``what`` (``putRecord <collection>/<rkey>``)."""
     name = error_name(e)
     if name in _BLOB_ERRORS:
-        message = getattr(_content(e), "message", None)
+        message = _error_body(e)[1]
         return BlobRefError(str(name), str(message or name))
     response = _response(e)
     if response is not None and response.status_code == 413:
@@ -63,8 +62,19 @@ def _response(e: BaseException) -> Response | None:
     return e.response if isinstance(e, RequestErrorBase) else None
 
 
-def _content(e: BaseException) -> object | None:
-    # The SDK makes an error body an XrpcError model, or a DotDict when it does not fit one:
-    # both answer `.error` and `.message`.
+def _error_body(e: BaseException) -> tuple[str | None, str | None]:
+    """``(error, message)`` of the PDS's XRPC error body."""
     response = _response(e)
-    return response.content if response is not None else None
+    content = response.content if response is not None else None
+    # The SDK makes an error body an XrpcError, or a DotDict when it does not fit one (an
+    # error without a message, say).
+    if isinstance(content, XrpcError):
+        return content.error, content.message
+    if isinstance(content, DotDict):
+        body = content.to_dict()
+        return _text(body.get("error")), _text(body.get("message"))
+    return None, None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None

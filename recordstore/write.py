@@ -9,7 +9,7 @@ the same record gets the same answer (and the same CID) in either.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,24 +142,22 @@ def _integral(v: Any) -> Any:
     if t is float:
         return int(v) if v.is_integer() else v
     if t is dict:
-        out: dict[str, Any] | None = None
-        for k, item in v.items():
-            new = _integral(item)
-            if new is not item:
-                if out is None:
-                    out = dict(v)
-                out[k] = new
-        return v if out is None else out
+        return _integral_items(v, v.items())
     if t is list:
-        changed: list[Any] | None = None
-        for i, item in enumerate(v):
-            new = _integral(item)
-            if new is not item:
-                if changed is None:
-                    changed = list(v)
-                changed[i] = new
-        return v if changed is None else changed
+        return _integral_items(v, enumerate(v))
     return v
+
+
+def _integral_items(container: Any, items: Iterable[tuple[Any, Any]]) -> Any:
+    """``container`` (a dict or list) with its items made integral, copied on first change."""
+    out: Any = None
+    for k, item in items:
+        new = _integral(item)
+        if new is not item:
+            if out is None:
+                out = type(container)(container)
+            out[k] = new
+    return container if out is None else out
 
 
 def blob_refs(value: Any) -> tuple[BlobRef, ...]:
