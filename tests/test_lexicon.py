@@ -11,21 +11,20 @@ from typing import Any
 import pytest
 from atproto_lexicon.parser import lexicon_parse
 
-from recordstore import (
+from recordstore import InvalidRecord, lexicon
+from recordstore.lexicon import has_lexicon, validate_record
+from recordstore.vocabulary import (
     CONVERSATION,
     CONVERSATION_REF,
+    DEFS,
     INFO,
     MESSAGE,
     PREFERENCES,
     SETTINGS,
     SUMMARY,
-    InvalidRecord,
-    lexicon,
 )
-from recordstore.lexicon import has_lexicon, validate_record
 from recordstore.write import prepare_write
 
-DEFS = "network.sharedcomputer.chat.defs"
 CID = "bafkreibnoelefnzgwbcacyt4vh52ymxvzbjq7mmqhtcnwarfq4lzegsiqe"
 VECTORS = Path(__file__).parent / "vectors" / "cids.json"  # facts from the reference PDS
 
