@@ -34,6 +34,9 @@ def cmd_send(args: argparse.Namespace) -> int:
         return fail(f"config error: {err}", EXIT_CONFIG)
     account = _pick_account(config, args.account)
     if isinstance(account, str):
+        # A first `turnd send` before any `turnd serve`: say what to start first.
+        if config.store_kind == "local" and not anyio.run(_reachable, config.base_url):
+            return fail(str(_unreachable(config.base_url)))
         return fail(account, EXIT_CONFIG)
     model = None
     if args.model:
@@ -55,9 +58,21 @@ def cmd_send(args: argparse.Namespace) -> int:
             return 130
         if isinstance(error, SendRefused):
             return fail(str(error), error.code)
+        if _network_error(error):
+            # Gone while the message was being written (the reply's stream says so itself).
+            where = "turnd" if config.store_kind == "local" else "the PDS"
+            url = config.base_url if config.store_kind == "local" else config.store_service
+            hint = " — is `turnd serve` still running?" if config.store_kind == "local" else ""
+            return fail(f"lost {where} at {url}{hint}")
         if isinstance(error, Exception):
             return fail(f"send failed: {short(error, config.secrets())}")
         raise
+
+
+def _network_error(error: BaseException) -> bool:
+    from atproto_client.exceptions import NetworkError
+
+    return isinstance(error, NetworkError | httpx.TransportError)
 
 
 class SendRefused(Exception):
