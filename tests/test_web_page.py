@@ -396,7 +396,18 @@ def test_trace_lines_usage_cost_and_latency(page: Any) -> None:
     fell = reply.locator("details.trace-fallback summary")
     assert "fake:fake-large" in fell.inner_text() and "fake:fake-model" in fell.inner_text()
     assert reply.locator("details.trace-step").count() == 2
+    # The fallback's long reason stays on its one small line: the column keeps its width.
+    layout = page.evaluate(
+        """() => { const m = document.scrollingElement, t = document.getElementById('thread');
+                   const s = document.querySelector('li.reply:last-of-type details.trace-fallback summary');
+                   return {overflow: m.scrollWidth > m.clientWidth, thread: t.getBoundingClientRect().width,
+                           line: s.getBoundingClientRect().height < 2 * parseFloat(getComputedStyle(s).lineHeight)}; }"""
+    )
+    assert layout["overflow"] is False and layout["thread"] <= 48 * 16 + 1 and layout["line"], layout
     shot(page, "28-trace-lines")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("() => document.scrollingElement.scrollWidth <= document.scrollingElement.clientWidth")
+    shot(page, "34-phone-trace-lines")
 
 
 def test_usage_cost_and_latency_under_replies_loaded_from_history(

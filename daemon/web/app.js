@@ -670,7 +670,7 @@ function traceLines(key) {
   const events = tracesOf(key);
   if (!events?.length) return null;
   return h('div', { class: 'traces' }, events.map((ev, i) => details(`${key}-trace-${i}`, `trace trace-${ev.event}`,
-    traceLine(ev), h('pre', { text: JSON.stringify(ev.data, null, 2) }))));
+    traceLine(ev), h('pre', { text: JSON.stringify(ev.data, null, 2) }), traceLine(ev))));
 }
 
 async function decide(replyKeyValue, callId, approve) {
@@ -725,9 +725,9 @@ function metaLine(value, final, done, key) {
   return bits.join(' · ');
 }
 
-function details(id, cls, summary, content) {
+function details(id, cls, summary, content, title) {
   const el = h('details', { class: cls, id, open: state.open.has(id) },
-    h('summary', {}, summary), content);
+    h('summary', { title }, summary), content);
   el.addEventListener('toggle', () => (el.open ? state.open.add(id) : state.open.delete(id)));
   return el;
 }
