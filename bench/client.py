@@ -28,6 +28,7 @@ PROMPT = [{"role": "user", "content": "hi"}]
 
 _DELTA = b"event: delta\n"
 _STATUS = b"event: status\n"
+_ID = b"\nid: "
 
 
 def now() -> float:
@@ -41,11 +42,32 @@ class StreamResult:
     tokens: int = 0
     status: str | None = None  # the status event's data, raw
     end: float = 0.0
+    events: int = 0  # events received (each carries one id line)
+    last_id: int = 0  # the id of the last event received
+    resubscribed: int = 0  # subscriptions that failed before their first byte
+
+
+RESUBSCRIBE = 3  # attempts after a kept-alive connection the server had closed
 
 
 async def read_reply(http: httpx.AsyncClient, url: str) -> StreamResult:
-    """Follow one reply stream to its ``status`` event, counting ``delta`` events."""
-    out = StreamResult()
+    """Follow one reply stream to its ``status`` event, counting ``delta`` events.
+
+    Like an EventSource, it subscribes again when the request fails before anything
+    arrived: under load a pooled connection can be one the server's keep-alive timer
+    has just closed (the request then reads EOF). Counted in ``resubscribed``.
+    """
+    for attempt in range(RESUBSCRIBE + 1):
+        out = StreamResult(resubscribed=attempt)
+        try:
+            return await _read_reply(http, url, out)
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError):
+            if out.events or attempt == RESUBSCRIBE:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _read_reply(http: httpx.AsyncClient, url: str, out: StreamResult) -> StreamResult:
     async with http.stream("GET", url) as response:
         if response.status_code != 200:
             await response.aread()
@@ -58,6 +80,11 @@ async def read_reply(http: httpx.AsyncClient, url: str) -> StreamResult:
             if cut < 0:
                 continue
             complete, buf = buf[: cut + 2], buf[cut + 2 :]
+            ids = complete.count(_ID)
+            if ids:
+                out.events += ids
+                at_id = complete.rfind(_ID) + len(_ID)
+                out.last_id = int(complete[at_id : complete.index(b"\n", at_id)])
             n = complete.count(_DELTA)
             if n:
                 if out.first_delta is None:
@@ -77,7 +104,8 @@ def api_client(base_url: str, token: str, connections: int = 64) -> httpx.AsyncC
     return httpx.AsyncClient(
         base_url=base_url,
         headers={"Authorization": f"Bearer {token}"},
-        timeout=httpx.Timeout(120, connect=10),
+        # A loop busy starting hundreds of turns accepts late: the many-streams run waits.
+        timeout=httpx.Timeout(120, connect=60),
         # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them
         # under us (a POST on a connection the server is closing fails with ReadError).
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
@@ -104,6 +132,9 @@ class TurnSample:
     tokens: int
     per_token: float | None  # seconds between tokens at the subscriber
     status: str | None
+    events: int = 0  # events the subscriber received
+    last_id: int = 0  # the last one's id: ``last_id - events`` were not delivered
+    resubscribed: int = 0
 
 
 async def turnd_turn(
@@ -123,6 +154,9 @@ async def turnd_turn(
         tokens=res.tokens,
         per_token=_per_token(res.first_delta, res.last_delta, res.tokens),
         status=res.status,
+        events=res.events,
+        last_id=res.last_id,
+        resubscribed=res.resubscribed,
     )
 
 

@@ -156,6 +156,8 @@ class TurndProc:
     # [cluster] (SPEC §18): the Redis URL, and a store directory shared with other instances.
     redis_url: str | None = None
     data_dir: Path | None = None
+    # [http] max_connections: the many-streams run holds more than the default 1000 open.
+    max_connections: int | None = None
     _tmpdir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -183,7 +185,8 @@ class TurndProc:
         lines = [
             "[store]", 'kind = "local"', f'path = "{data}"', "",
             "[state]", 'path = "state.sqlite3"', "",
-            "[http]", f'listen = "127.0.0.1:{self.port}"', "web = false", "",
+            "[http]", f'listen = "127.0.0.1:{self.port}"', "web = false",
+            *([f"max_connections = {self.max_connections}"] if self.max_connections else []), "",
             "[models]", f'default = "{first}:fake-model"', "",
             "[turns]", f"ratePerMinute = {self.rate_per_minute}", "retries = 0", "",
         ]
