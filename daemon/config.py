@@ -295,12 +295,7 @@ def build_config(
     fallbacks = _fallbacks(parsed.models.fallbacks, providers)
 
     default_model = parsed.models.default or f"{ECHO}:{ECHO_MODEL}"
-    provider_name, sep, model_id = default_model.partition(":")
-    if not sep or not provider_name or not model_id:
-        raise ConfigError(f'models.default: expected "provider:id", got {default_model!r}')
-    if provider_name not in providers:
-        known = ", ".join(sorted(providers))
-        raise ConfigError(f"models.default: unknown provider {provider_name!r} (known: {known})")
+    _check_model_ref("models.default", default_model, providers)
 
     for key, ref in (("turns.summaryModel", turns.summary_model), ("turns.titleModel", turns.title_model)):
         if ref:

@@ -16,6 +16,7 @@ from daemon.accounts import Account
 from daemon.auth import bearer_token
 from daemon.served import Served
 from recordstore import keys
+from turns import conversations
 
 __all__ = [
     "AccountDep",
@@ -62,7 +63,7 @@ AccountDep = Annotated[Account, Depends(_account)]
 
 async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> ConversationAt:
     keys.validate_space_key(skey)
-    info = await service.store.get_record(acct.did, skey, recordstore.INFO, "self")
+    info = await conversations.info(service.store, acct.did, skey)
     if info is None:
         raise HTTPException(404, f"no conversation {skey}")
     return ConversationAt(acct.did, skey, info)

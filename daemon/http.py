@@ -24,7 +24,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.cors import CORSMiddleware
 
-import recordstore
 from daemon import echo, tools_http, uploads, usage_api, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.conversations import router as conversations_api
@@ -42,8 +41,9 @@ from daemon.served import Served
 from recordstore import keys
 from recordstore.mime import blob_mime
 from recordstore.vocabulary import FILE_PART, IMAGE_PART
-from turns import conversations
+from turns import account_space, conversations, reply
 from turns.models import Effort
+from turns.streams import ReplyStream
 
 log = logging.getLogger("turnd.http")
 
@@ -168,9 +168,7 @@ async def _store_up(service: Served) -> bool:
         return True  # no account to read for; nothing says the store is down
     with anyio.move_on_after(2):
         try:
-            await service.store.get_record(
-                did, recordstore.SETTINGS_SPACE, recordstore.PREFERENCES, "self"
-            )
+            await account_space.get_preferences(service.store, did)
         except Exception as exc:
             # One line, no traceback: a load balancer may poll this every second.
             log.warning("health check: the store failed a read: %s", exc)
@@ -187,7 +185,7 @@ async def _store_up(service: Served) -> bool:
 @dataclass(frozen=True, slots=True)
 class _StreamSource:
     after: int
-    buffer: Any  # turns.streams.StreamBuffer | None
+    buffer: ReplyStream | None
     stored: dict[str, Any] | None
 
 
@@ -251,25 +249,14 @@ async def _stream_source(
     keys.validate_space_key(skey)
     keys.validate_key(replyKey)
     after = last_event_id or 0
-    buffer = service.engine.stream(acct.did, skey, replyKey)
-    if service.cluster is not None:
-        # [cluster]: a buffer this instance opened for a claim it then lost is not served.
-        buffer = await service.cluster.local_stream(buffer)
-    # At or past the last event of a finished reply: its stored status (SPEC §12),
-    # not an empty stream.
-    if buffer is not None and not (buffer.done and after >= buffer.last_id):
-        return _StreamSource(after, buffer, None)
-    if buffer is None and service.cluster is not None:
-        # [cluster]: another instance may run it; its stream is then read from Redis.
-        remote = await service.cluster.remote_stream(
-            (acct.did, skey, replyKey), lambda address: _read_status(service.store, address)
-        )
-        if remote is not None:
-            return _StreamSource(after, remote, None)
-    rec = await service.store.get_record(acct.did, skey, recordstore.MESSAGE, replyKey)
-    if rec is None or rec.value.get("role") != "assistant":
+    live = await service.engine.reply_stream(acct.did, skey, replyKey, after)
+    if live is not None:
+        return _StreamSource(after, live, None)
+    address = (acct.did, skey, replyKey)
+    stored = await reply.read_status(service.store, address, reply_only=True)
+    if stored is None:
         raise HTTPException(404, f"no reply {replyKey} in conversation {skey}")
-    return _StreamSource(after, None, _stored_status(rec.value))
+    return _StreamSource(after, None, stored)
 
 
 @api.get(
@@ -347,22 +334,6 @@ async def attachments(
     if name:
         part["name"] = name
     return {"part": part}
-
-
-async def _read_status(
-    store: recordstore.RecordStore, address: tuple[str, str, str]
-) -> dict[str, Any] | None:
-    did, skey, reply = address
-    rec = await store.get_record(did, skey, recordstore.MESSAGE, reply)
-    return _stored_status(rec.value) if rec is not None else None
-
-
-def _stored_status(value: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"status": value.get("status", "complete")}
-    for field in ("error", "usage", "model"):
-        if field in value:
-            out[field] = value[field]
-    return out
 
 
 def _check_size(size: int, limit: int, what: str) -> None:

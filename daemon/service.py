@@ -39,8 +39,9 @@ from daemon.http import create_app
 from daemon.sessions import LoginLimiter
 from daemon.uploads import UploadGuard
 from plugins.sources import ToolCatalog
-from recordstore import SETTINGS, SETTINGS_SPACE, RecordStore, StoreError
+from recordstore import RecordStore, StoreError
 from recordstore.abilities import KnownDids
+from turns import account_space
 from turns.engine import TurnEngine
 from turns.metrics import TurnMetrics
 from turns.settings import Provider
@@ -279,7 +280,7 @@ class Service:
             await stack.enter_async_context(engine)
             for account in self.accounts:
                 if account.did:
-                    await store.create_space(account.did, SETTINGS, SETTINGS_SPACE)
+                    await account_space.ensure(store, account.did)
             await engine.recover(a.did for a in self.accounts if a.did)
             feed = self._feed = FeedFollower(
                 store, state, engine, self.events, self.owners, self._stop

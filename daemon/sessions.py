@@ -104,6 +104,14 @@ class _Row:
     expires: float
 
 
+def _session_row(db: sqlite3.Connection, sid: str) -> _Row | None:
+    found = db.execute(
+        "SELECT did, refresh_jti, password_tag, revoked, expires FROM sessions WHERE sid = ?",
+        (sid,),
+    ).fetchone()
+    return None if found is None else _Row(found[0], found[1], found[2], bool(found[3]), found[4])
+
+
 class SessionStore:
     """The sessions table; every method is safe to call from the event loop."""
 
@@ -144,16 +152,12 @@ class SessionStore:
         new = uuid.uuid4().hex
 
         def run(db: sqlite3.Connection) -> str | None:
-            row = db.execute(
-                "SELECT did, refresh_jti, password_tag, revoked, expires FROM sessions"
-                " WHERE sid = ?",
-                (sid,),
-            ).fetchone()
-            if row is None or row[3] or row[4] < time.time():
+            row = _session_row(db, sid)
+            if row is None or row.revoked or row.expires < time.time():
                 return None
-            if not hmac.compare_digest(row[2], self.password_tag(row[0], password)):
+            if not hmac.compare_digest(row.password_tag, self.password_tag(row.did, password)):
                 return None
-            if not hmac.compare_digest(row[1], jti):
+            if not hmac.compare_digest(row.refresh_jti, jti):
                 # An old refresh token: a copy is in use. End the session for both.
                 db.execute("UPDATE sessions SET revoked = 1 WHERE sid = ?", (sid,))
                 return None
@@ -180,18 +184,7 @@ class SessionStore:
         if cached is not None and now - cached[0] < CACHE_SECONDS:
             row = cached[1]
         else:
-
-            def run(db: sqlite3.Connection) -> _Row | None:
-                found = db.execute(
-                    "SELECT did, refresh_jti, password_tag, revoked, expires FROM sessions"
-                    " WHERE sid = ?",
-                    (sid,),
-                ).fetchone()
-                if found is None:
-                    return None
-                return _Row(found[0], found[1], found[2], bool(found[3]), found[4])
-
-            row = await self._run(run)
+            row = await self._run(lambda db: _session_row(db, sid))
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[sid] = (now, row)

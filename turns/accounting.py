@@ -67,7 +67,7 @@ class Books:
         """A call made beside a turn's steps (``title``, ``summary``): it counts like a step."""
         counted = Usage()
         counted.add(usage)
-        await self.ledger.record_call(did, skey, reply, model, counted, kind=kind)
+        await self.ledger.record_call(self.ledger.row(did, skey, reply, model, counted, kind=kind))
 
     def candidates(
         self, clients: Clients, provider: Provider, model: Mapping[str, str], retries: int

@@ -13,12 +13,8 @@ from typing import Any
 
 from recordstore import (
     CONVERSATION,
-    CONVERSATION_REF,
     INFO,
     MESSAGE,
-    PREFERENCES,
-    SETTINGS,
-    SETTINGS_SPACE,
     Record,
     RecordNotFound,
     RecordStore,
@@ -26,7 +22,7 @@ from recordstore import (
 )
 from recordstore.keys import message_sort_key, new_tid, parse_reply_key
 from recordstore.lexicon import validate_record
-from turns import records, triggers
+from turns import account_space, records, triggers
 
 log = logging.getLogger("turnd.turns")
 
@@ -57,12 +53,17 @@ async def messages(store: RecordStore, did: str, skey: str) -> list[Record]:
     return found
 
 
+async def info(store: RecordStore, did: str, skey: str) -> Record | None:
+    """The conversation's info record (its title, system prompt): None when there is none."""
+    return await store.get_record(did, skey, INFO, "self")
+
+
 async def load(store: RecordStore, did: str, skey: str) -> Conversation:
-    info = await store.get_record(did, skey, INFO, "self")
-    preferences = await store.get_record(did, SETTINGS_SPACE, PREFERENCES, "self")
+    found = await info(store, did, skey)
+    preferences = await account_space.get_preferences(store, did)
     by_key = {r.key: r.value for r in await _all(store, did, skey, MESSAGE)}
     return Conversation(
-        info.value if info else None, preferences.value if preferences else None, by_key
+        found.value if found else None, preferences.value if preferences else None, by_key
     )
 
 
@@ -89,7 +90,7 @@ async def post(
     generation: dict[str, Any] | None,
 ) -> Record:
     """Create a user message (create-only, at a new TID) in an existing conversation."""
-    if await store.get_record(did, skey, INFO, "self") is None:
+    if await info(store, did, skey) is None:
         raise RecordNotFound(f"no conversation {skey}")
     if parent is not None and await store.get_record(did, skey, MESSAGE, parent) is None:
         raise RecordNotFound(f"no message {parent} in conversation {skey}")
@@ -126,10 +127,8 @@ async def next_attempt(
 async def touch_ref(store: RecordStore, did: str, skey: str, title: str | None = None) -> None:
     """Keep the settings space's conversationRef current (the listing reads it)."""
     try:
-        existing = await store.get_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey)
+        existing = await account_space.get_ref(store, did, skey)
         value = records.conversation_ref(did, skey, existing.value if existing else None, title)
-        if existing is None:
-            await store.create_space(did, SETTINGS, SETTINGS_SPACE)
-        await store.put_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey, value)
+        await account_space.put_ref(store, did, skey, value, new=existing is None)
     except StoreError as exc:
         log.warning("could not update the conversationRef of %s: %s", skey, exc)

@@ -41,9 +41,10 @@ from turns.final_writes import FinalWrites
 from turns.metrics import TurnMetrics
 from turns.models import Clients
 from turns.ratelimit import Limiter, RateLimiter
+from turns.reply import read_status as reply_status
 from turns.settings import Provider, TurnSettings
 from turns.state import StateDB
-from turns.streams import StreamBuffer, StreamRegistry
+from turns.streams import ReplyStream, StreamBuffer, StreamRegistry
 from turns.titles import Titles
 from turns.toolcalls import ToolCallMetrics
 from turns.turn import Start, Turn, TurnAddress, TurnServices
@@ -316,6 +317,23 @@ class TurnEngine:
 
     def stream(self, did: str, skey: str, reply: str) -> StreamBuffer | None:
         return self._streams.get(did, skey, reply)
+
+    async def reply_stream(self, did: str, skey: str, reply: str, after: int) -> ReplyStream | None:
+        """What a subscriber who saw ``after`` events reads: the live stream here or (with
+        [cluster]) the runner's; None when the stored reply answers (SPEC §12: at or past
+        the last event of a finished reply, its stored status, not an empty stream)."""
+        buffer = self.stream(did, skey, reply)
+        if self._cluster is not None:
+            # A buffer this instance opened for a claim it then lost is not served.
+            buffer = await self._cluster.local_stream(buffer)
+        if buffer is not None:
+            return None if buffer.done and after >= buffer.last_id else buffer
+        if self._cluster is None:
+            return None
+        # Another instance may run it; its stream is then read from Redis.
+        return await self._cluster.remote_stream(
+            (did, skey, reply), partial(reply_status, self._store)
+        )
 
     # -- the direct-write trigger ------------------------------------------------------
 

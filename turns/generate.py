@@ -247,16 +247,19 @@ async def _run_tools(
     limit = anyio.Semaphore(settings.max_parallel_tools)
 
     async def run(i: int, name: str, arguments: str) -> None:
+        tool = by_name.get(name)
         # An approval wait holds no slot: the calls that may run meanwhile do.
-        if (refusal := await tool_run.refused(i, by_name.get(name))) is not None:
+        if (refusal := await tool_run.refused(i, tool)) is not None:
             results[i] = (refusal, True)
             return
         async with limit:
             span = caller.tool_span(name, calls[i].id, arguments) if caller else None
             try:
-                results[i] = await _run_tool(
-                    by_name.get(name), name, arguments, context, settings, calls[i].id, tool_run
+                output, is_error, outcome = await call_tool(
+                    tool, name, arguments, context, settings, calls[i].id
                 )
+                tool_run.observe(tool, outcome)
+                results[i] = (output, is_error)
             finally:
                 if span is not None:
                     span.end(*results[i])
@@ -265,18 +268,3 @@ async def _run_tools(
         for i, (name, arguments) in enumerate(signature):
             tg.start_soon(run, i, name, arguments)
     return results
-
-
-async def _run_tool(
-    tool: Tool | None,
-    name: str,
-    arguments: str,
-    context: ToolContext,
-    settings: TurnSettings,
-    call_id: str = "",
-    tool_run: ToolRun | None = None,
-) -> tuple[Any, bool]:
-    output, is_error, outcome = await call_tool(tool, name, arguments, context, settings, call_id)
-    if tool_run is not None:
-        tool_run.observe(tool, outcome)
-    return output, is_error

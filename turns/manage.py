@@ -20,7 +20,6 @@ from recordstore import (
     INFO,
     MESSAGE,
     PREFERENCES,
-    SETTINGS,
     SETTINGS_SPACE,
     SUMMARY,
     InvalidSwap,
@@ -32,7 +31,7 @@ from recordstore.abilities import BlobCollector, NewestFirst, NewestQuery
 from recordstore.lexicon import validate_record
 from recordstore.times import now_iso
 from recordstore.vocabulary import APPROVAL
-from turns import conversations
+from turns import account_space, conversations
 
 log = logging.getLogger("turnd.turns")
 
@@ -178,11 +177,11 @@ async def _retitle_ref(store: RecordStore, did: str, skey: str, title: str | Non
     if title:
         await conversations.touch_ref(store, did, skey, title)
         return
-    existing = await store.get_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey)
+    existing = await account_space.get_ref(store, did, skey)
     if existing is not None:
         value = {k: v for k, v in existing.value.items() if k != "title"}
         value["updatedAt"] = now_iso()
-        await store.put_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey, value)
+        await account_space.put_ref(store, did, skey, value)
 
 
 # -- delete ------------------------------------------------------------------------------------
@@ -240,7 +239,7 @@ async def delete(store: RecordStore, did: str, skey: str) -> set[str]:
 
 
 async def preferences(store: RecordStore, did: str) -> dict[str, Any]:
-    record = await store.get_record(did, SETTINGS_SPACE, PREFERENCES, "self")
+    record = await account_space.get_preferences(store, did)
     return dict(record.value) if record else {}
 
 
@@ -248,6 +247,5 @@ async def put_preferences(store: RecordStore, did: str, value: Mapping[str, Any]
     """Replace the preferences record (validated against its lexicon first)."""
     record = {**value, "$type": PREFERENCES, "updatedAt": now_iso()}
     validate_record(PREFERENCES, record)
-    await store.create_space(did, SETTINGS, SETTINGS_SPACE)
-    await store.put_record(did, SETTINGS_SPACE, PREFERENCES, "self", record)
+    await account_space.put_preferences(store, did, record)
     return record

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Protocol
 
 import anyio
@@ -33,14 +34,41 @@ class Limiter(Protocol):
         ...
 
 
+class WaitLine:
+    """The turns waiting for the rate limit, first come, first served per user."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, anyio.Lock] = {}
+        self.waiting = 0
+
+    def held(self, user: str) -> bool:
+        """Whether a turn of ``user`` waits already (a new one must not pass it)."""
+        lock = self._locks.get(user)
+        return lock is not None and lock.locked()
+
+    @asynccontextmanager
+    async def first_in_line(self, user: str) -> AsyncIterator[None]:
+        """Entered once every turn of ``user`` that came before has left."""
+        lock = self._locks.setdefault(user, anyio.Lock())
+        self.waiting += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self.waiting -= 1
+
+
 class RateLimiter:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         # The clock is injectable so a test can let the minute pass without waiting it.
         self._clock = clock
         self._starts: dict[str, deque[float]] = {}
-        self._lock: dict[str, anyio.Lock] = {}
+        self._line = WaitLine()
         self._queued: dict[str, int] = {}
-        self.waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        return self._line.waiting
 
     def _window(self, user: str, now: float) -> deque[float]:
         starts = self._starts.setdefault(user, deque())
@@ -51,7 +79,7 @@ class RateLimiter:
     def try_acquire(self, user: str, per_minute: int) -> bool:
         now = self._clock()
         starts = self._window(user, now)
-        if len(starts) < per_minute and not self._lock_held(user):
+        if len(starts) < per_minute and not self._line.held(user):
             starts.append(now)
             return True
         return False
@@ -59,10 +87,6 @@ class RateLimiter:
     async def admit(self, user: str, per_minute: int, turn: str = "") -> bool:
         """:meth:`try_acquire` as the :class:`Limiter` protocol has it (a shared one awaits)."""
         return self.try_acquire(user, per_minute)
-
-    def _lock_held(self, user: str) -> bool:
-        lock = self._lock.get(user)
-        return lock is not None and lock.locked()
 
     def join_queue(self, user: str, max_queued: int) -> bool:
         """Take a place in ``user``'s queue; False when ``max_queued`` are already waiting.
@@ -95,18 +119,13 @@ class RateLimiter:
 
     async def acquire(self, user: str, per_minute: int, turn: str = "") -> None:
         """Wait (first come, first served per user) until a turn may start."""
-        lock = self._lock.setdefault(user, anyio.Lock())
-        self.waiting += 1
-        try:
-            async with lock:
-                while True:
-                    now = self._clock()
-                    starts = self._window(user, now)
-                    if len(starts) < per_minute:
-                        starts.append(now)
-                        return
-                    # Re-check at least every second: the window may be changed
-                    # by a config reload.
-                    await anyio.sleep(min(60.0 - (now - starts[0]) + 0.01, 1.0))
-        finally:
-            self.waiting -= 1
+        async with self._line.first_in_line(user):
+            while True:
+                now = self._clock()
+                starts = self._window(user, now)
+                if len(starts) < per_minute:
+                    starts.append(now)
+                    return
+                # Re-check at least every second: the window may be changed
+                # by a config reload.
+                await anyio.sleep(min(60.0 - (now - starts[0]) + 0.01, 1.0))

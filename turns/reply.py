@@ -20,7 +20,7 @@ from turns.fit import fit_record
 
 log = logging.getLogger("turnd.turns")
 
-__all__ = ["ReplyWrites", "stored_status"]
+__all__ = ["ReplyWrites", "read_status", "status_of", "stored_status"]
 
 
 class ReplyWrites:
@@ -62,3 +62,24 @@ async def stored_status(store: RecordStore, address: TurnAddress) -> str:
     a = address
     record = await store.get_record(a.did, a.skey, MESSAGE, a.reply)
     return record.value.get("status", "pending") if record else "pending"
+
+
+def status_of(value: dict[str, Any]) -> dict[str, Any]:
+    """A stored reply's ``status`` event, as its stream ended with it."""
+    out: dict[str, Any] = {"status": value.get("status", "complete")}
+    for name in ("error", "usage", "model"):
+        if name in value:
+            out[name] = value[name]
+    return out
+
+
+async def read_status(
+    store: RecordStore, address: tuple[str, str, str], *, reply_only: bool = False
+) -> dict[str, Any] | None:
+    """The ``status`` event of the stored message at ``(did, skey, reply key)``, or None
+    when there is none (``reply_only``: or it is no assistant reply)."""
+    did, skey, reply = address
+    record = await store.get_record(did, skey, MESSAGE, reply)
+    if record is None or (reply_only and record.value.get("role") != "assistant"):
+        return None
+    return status_of(record.value)

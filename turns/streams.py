@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -25,6 +25,17 @@ class StreamEvent:
     id: int
     event: str
     data: str  # JSON, encoded once at publish time
+
+
+class ReplyStream(Protocol):
+    """What a subscriber reads: this instance's buffer, or (with [cluster]) another's."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def batches(self, after: int = 0, idle: float = math.inf) -> AsyncIterator[list[StreamEvent]]:
+        """The events after ``after``, in batches; an empty batch after ``idle`` quiet seconds."""
+        ...
 
 
 class StreamBuffer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -73,6 +74,18 @@ class NoTitle(Exception):  # noqa: N818 - an outcome, carrying its reason
     """The title model gave no title: the reason, with the provider named (never its key)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TitleAsk:
+    """A title wanted for the conversation ``skey`` after its first complete reply."""
+
+    did: str
+    skey: str
+    settings: TurnSettings
+    model: dict[str, str]  # the reply's, unless [turns] titleModel names another
+    user_message: Mapping[str, Any]
+    reply: Mapping[str, Any]
+
+
 class Titles:
     """Title tasks of one engine; ``cancel_all`` at shutdown, ``cancel`` on delete."""
 
@@ -99,17 +112,9 @@ class Titles:
         """The engine's task group: title tasks end before the engine does."""
         self._tg = task_group
 
-    def start(
-        self,
-        did: str,
-        skey: str,
-        settings: TurnSettings,
-        model: dict[str, str],
-        user_message: Mapping[str, Any],
-        reply: Mapping[str, Any],
-    ) -> None:
-        if self._tg is not None and (did, skey) not in self._scopes:
-            self._tg.start_soon(self.generate, did, skey, settings, model, user_message, reply)
+    def start(self, ask: TitleAsk) -> None:
+        if self._tg is not None and (ask.did, ask.skey) not in self._scopes:
+            self._tg.start_soon(self.generate, ask)
 
     def cancel(self, did: str, skey: str) -> None:
         scope = self._scopes.get((did, skey))
@@ -120,15 +125,8 @@ class Titles:
         for scope in list(self._scopes.values()):
             scope.cancel()
 
-    async def generate(
-        self,
-        did: str,
-        skey: str,
-        settings: TurnSettings,
-        model: dict[str, str],
-        user_message: Mapping[str, Any],
-        reply: Mapping[str, Any],
-    ) -> None:
+    async def generate(self, ask: TitleAsk) -> None:
+        did, skey, reply = ask.did, ask.skey, ask.reply
         address = (did, skey)
         if address in self._scopes:
             return  # one title at a time per conversation
@@ -137,7 +135,7 @@ class Titles:
             with scope, anyio.move_on_after(TITLE_TIMEOUT) as timer:
                 seen = len(self.usage)
                 try:
-                    title = await self._ask(settings, model, user_message, reply)
+                    title = await self._ask(ask)
                     why = "the title model answered no title"
                 except NoTitle as reason:
                     title, why = "", str(reason)
@@ -161,21 +159,16 @@ class Titles:
         if self.on_no_title is not None:
             self.on_no_title(did, skey, reason)
 
-    async def _ask(
-        self,
-        settings: TurnSettings,
-        model: dict[str, str],
-        user_message: Mapping[str, Any],
-        reply: Mapping[str, Any],
-    ) -> str:
+    async def _ask(self, ask: TitleAsk) -> str:
         """The title (``""`` when the model answered none); raises NoTitle when it failed."""
+        settings, model = ask.settings, ask.model
         try:
             ref = parse_model(settings.title_model) if settings.title_model else model
             client = self._clients.client(self._clients.provider(ref), settings.retries)
         except (ValueError, ModelResolutionError) as exc:
             log.warning("no title: %s", exc)
             raise NoTitle(f"no title model: {exc}") from None
-        conversation = f"User: {_text(user_message)}\n\nAssistant: {_text(reply)}"
+        conversation = f"User: {_text(ask.user_message)}\n\nAssistant: {_text(ask.reply)}"
         try:
             response = await client.chat.completions.create(
                 model=ref["id"],

@@ -55,7 +55,7 @@ from turns.reply import ReplyWrites, stored_status
 from turns.settings import TurnSettings
 from turns.state import StateDB
 from turns.streams import StreamBuffer, StreamRegistry
-from turns.titles import Titles
+from turns.titles import TitleAsk, Titles
 from turns.titles import wanted as title_wanted
 from turns.toolcalls import Observe, ToolRun
 from turns.window import turn_prompt
@@ -414,7 +414,9 @@ class Turn:
             if record["status"] == "complete" and title_wanted(
                 self._settings, conversation.info, conversation.preferences
             ):  # after the status is out: a title never delays the reply
-                s.titles.start(a.did, a.skey, self._settings, self.model, self.user_message, record)
+                s.titles.start(
+                    TitleAsk(a.did, a.skey, self._settings, self.model, self.user_message, record)
+                )
             self.context.reply = record
             try:
                 await s.plugins.action(TURN_AFTER, self.context)

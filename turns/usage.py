@@ -118,22 +118,12 @@ class UsageLedger:
                     row.did, at, row.input_tokens + row.output_tokens, row.cost or 0.0
                 )
 
-    async def record_call(
-        self,
-        did: str,
-        skey: str,
-        reply_key: str,
-        ref: Mapping[str, str],
-        usage: Usage,
-        **fields: Any,
-    ) -> float | None:
-        """Record one model call now; returns its cost in USD when known.
+    async def record_call(self, row: UsageRow) -> float | None:
+        """Record one model call (a :meth:`row`) now; returns its cost in USD when known.
 
-        ``fields`` are :meth:`row`'s (``step``, ``kind``, ``started`` in unix seconds by
-        :meth:`now`, ``duration`` in seconds, ``outcome``). Titles and summaries call this
-        with ``kind="title"`` / ``"summary"``, so they count like any step.
+        Titles and summaries call this with rows of ``kind="title"`` / ``"summary"``, so
+        they count like any step.
         """
-        row = self.row(did, skey, reply_key, ref, usage, **fields)
         await self.save([row])
         return row.cost
 

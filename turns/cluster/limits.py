@@ -22,7 +22,7 @@ import anyio
 
 from turns.cluster.link import RedisLink
 from turns.quota import QuotaCounter, day_window, month_window
-from turns.ratelimit import RateLimiter
+from turns.ratelimit import RateLimiter, WaitLine
 
 log = logging.getLogger("turnd.cluster")
 
@@ -88,17 +88,12 @@ class SharedRateLimiter:
         self._queue = queue
         self._local = local or RateLimiter()
         self._script = link.redis.register_script(_RATE)
-        self._lock: dict[str, anyio.Lock] = {}
+        self._line = WaitLine()
         self._members = itertools.count()
-        self._waiting = 0
 
     @property
     def waiting(self) -> int:
-        return self._waiting
-
-    def _held(self, user: str) -> bool:
-        lock = self._lock.get(user)
-        return lock is not None and lock.locked()
+        return self._line.waiting
 
     async def _try(self, user: str, per_minute: int, turn: str) -> int | None:
         """0: admitted; > 0: ms to wait; None: Redis failed (use the local count)."""
@@ -115,7 +110,7 @@ class SharedRateLimiter:
         return int(wait)
 
     async def admit(self, user: str, per_minute: int, turn: str = "") -> bool:
-        if self._held(user):
+        if self._line.held(user):
             return False  # first come, first served: someone here waits already
         wait = await self._try(user, per_minute, turn)
         if wait is None:
@@ -124,23 +119,18 @@ class SharedRateLimiter:
 
     async def acquire(self, user: str, per_minute: int, turn: str = "") -> None:
         """Wait (first come, first served per user on this instance) until a turn may start."""
-        lock = self._lock.setdefault(user, anyio.Lock())
-        self._waiting += 1
-        try:
-            async with lock:
-                while True:
-                    wait = await self._try(user, per_minute, turn)
-                    if wait == 0:
+        async with self._line.first_in_line(user):
+            while True:
+                wait = await self._try(user, per_minute, turn)
+                if wait == 0:
+                    return
+                if wait is None:
+                    if self._local.try_acquire(user, per_minute):
                         return
-                    if wait is None:
-                        if self._local.try_acquire(user, per_minute):
-                            return
-                        wait = 1000
-                    # At most a second: the window may be changed by a config reload,
-                    # and Redis may come back.
-                    await anyio.sleep(min(wait / 1000 + 0.005, 1.0))
-        finally:
-            self._waiting -= 1
+                    wait = 1000
+                # At most a second: the window may be changed by a config reload,
+                # and Redis may come back.
+                await anyio.sleep(min(wait / 1000 + 0.005, 1.0))
 
 
     async def enter_queue(self, user: str, max_queued: int, turn: str = "") -> bool:
