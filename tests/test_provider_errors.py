@@ -206,3 +206,38 @@ models = ["m"]
     assert daemon.stop() == 0
     assert f"the title model down:m failed: {reason}" in daemon.stderr()
     assert DOWN_KEY not in daemon.stdout() + daemon.stderr() + sent.stdout + sent.stderr
+
+
+def test_a_title_model_error_echoing_its_key_reaches_no_event_and_no_line(
+    tmp_path: Path, serve: Any
+) -> None:
+    echoing = Reply.error(401, f"Incorrect API key provided: {FAKE_KEY}", "invalid_request_error")
+    with FakeModel(default=echoing) as fake:
+        port = free_port()
+        conf, env = _config(
+            tmp_path, port,
+            f"""[models]
+default = "echo:echo"
+[turns]
+retries = 0
+titleModel = "fake:titler"
+[providers.fake]
+base_url = "{fake.base_url}"
+api_key_env = "FAKE_KEY"
+models = ["titler"]
+""",
+        )
+        daemon = serve(tmp_path, env, "--config", str(conf))
+        daemon.wait_for(r"turnd: serving", timeout=30)
+        wait_healthy(daemon.url, timeout=15)
+        sent = turnd("send", "--config", str(conf), "hello", cwd=tmp_path, env=env)
+        assert fake.request_count >= 1  # the title model was asked, with its key
+        assert fake.last_request.api_key == FAKE_KEY
+    assert sent.returncode == 0, sent.stderr
+    where = f'the model provider "fake" at {fake.base_url.rstrip("/")}'
+    assert sent.stderr.endswith(
+        f"turnd: no title: the title model fake:titler failed: {where} answered 401: "
+        "Incorrect API key provided: [redacted]\n"
+    ), sent.stderr
+    assert daemon.stop() == 0
+    assert FAKE_KEY not in sent.stderr + daemon.stdout() + daemon.stderr()

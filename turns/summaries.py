@@ -18,7 +18,7 @@ import openai
 from recordstore import SUMMARY, RecordStore, StoreError
 from recordstore.times import now_iso
 from turns.context import summary_room
-from turns.provider_errors import failure_text, name_provider
+from turns.provider_errors import failure_text, name_provider, without_keys
 
 log = logging.getLogger("turnd.turns")
 
@@ -126,7 +126,10 @@ class BranchSummaries:
             if response.usage is not None:
                 self.usage.append(json.loads(response.usage.model_dump_json()))
         except openai.OpenAIError as exc:
-            reason = name_provider(failure_text(exc), self._model["provider"], self._client.base_url)
+            reason = without_keys(
+                name_provider(failure_text(exc), self._model["provider"], self._client.base_url),
+                [self._client.api_key],
+            )
             log.warning("summary of %s/%s failed: %s", self._skey, covers, reason)
             return None
         if not text:

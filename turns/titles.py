@@ -23,7 +23,7 @@ from recordstore import INFO, MESSAGE, InvalidSwap, RecordExists, RecordStore, S
 from recordstore.times import now_iso
 from turns.models import Clients, ModelResolutionError, parse_model
 from turns.parts import TEXT
-from turns.provider_errors import failure_text, name_provider
+from turns.provider_errors import failure_text, name_provider, without_keys
 from turns.settings import TurnSettings
 
 log = logging.getLogger("turnd.turns")
@@ -180,7 +180,10 @@ class Titles:
                 stream=False,
             )
         except openai.OpenAIError as exc:
-            reason = name_provider(failure_text(exc), ref["provider"], client.base_url)
+            # The reason goes into a `title-failed` event: named, and without the key.
+            reason = without_keys(
+                name_provider(failure_text(exc), ref["provider"], client.base_url), [client.api_key]
+            )
             log.warning("the title model %s:%s failed: %s", ref["provider"], ref["id"], reason)
             raise NoTitle(f"the title model {ref['provider']}:{ref['id']} failed: {reason}") from None
         if response.usage is not None:
