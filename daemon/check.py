@@ -11,13 +11,15 @@ import httpx
 from daemon.config import Config, load_config
 from daemon.config_file import ConfigError
 from daemon.echo import ECHO
-from daemon.engine_parts import load_plugins
 from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, short
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
+        # Imported once the config loads: a config error is answered without the engine's imports.
+        from daemon.engine_parts import load_plugins
+
         load_plugins(config.plugins)
     except ConfigError as err:
         return fail(f"config error: {err}", EXIT_CONFIG)

@@ -49,11 +49,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from daemon.logs import setup_logging
-    from daemon.service import Service, ServiceError
-
     try:
         config = load_config(args.config)
+        # Imported once the config loads: a config error is answered without paying for
+        # the service's imports (the openai client's types alone take seconds of CPU).
+        from daemon.service import Service, ServiceError
         created: Account | None = None
         if config.store_kind == "local" and not config.accounts:
             # First start without an account: make one, kept 0600 in the data dir.
@@ -63,6 +63,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         service = Service(config)
     except ConfigError as err:
         return fail(f"config error: {err}", EXIT_CONFIG)
+
+    from daemon.logs import setup_logging
 
     setup_logging(args.log_format, secrets=config.secrets())
     for warning in config.warnings:
