@@ -3,7 +3,9 @@
 It answers with ``Echo: <the last user message>``, streamed a few words per chunk in
 exactly the shape of OpenAI's Chat Completions stream, so a new user sees the whole
 path (write -> claim -> model -> stream -> final record) work before adding a key.
-It is deterministic: the same request gives the same text and the same usage.
+It is deterministic: the same request gives the same text and the same usage. turnd's own
+title request is answered with the first words of the user's message, so the embedded
+defaults list conversations by what was said, not as "Echo: User: ...".
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
 WORDS_PER_CHUNK = 3
+TITLE_WORDS = 6
 
 ECHO = "echo"  # the provider's name, reserved
 ECHO_LABEL = "echo (built-in test provider)"
@@ -74,6 +77,14 @@ def echo_text(messages: list[dict[str, Any]]) -> str:
             text = _text_of(message.get("content")).strip()
             return f"Echo: {text}" if text else "Echo: (empty message)"
     return "Echo: (no user message)"
+
+
+def echo_title(user_text: str) -> str:
+    """The echo's answer to a title request: the first words of the user's message (what a
+    model would make of "hello"), never the request itself echoed back ("Echo: User: ...")."""
+    words = user_text.split()[:TITLE_WORDS]
+    title = " ".join(words)
+    return title[:1].upper() + title[1:]
 
 
 def _chunks(text: str) -> list[str]:
@@ -142,6 +153,8 @@ def router() -> APIRouter:
     from fastapi import APIRouter
     from fastapi.responses import JSONResponse, StreamingResponse
 
+    from turns.titles import asked_title
+
     api = APIRouter(prefix="/echo/v1", tags=[ECHO_LABEL])
 
     @api.get("/models", summary="The models of the built-in echo provider")
@@ -160,7 +173,8 @@ def router() -> APIRouter:
 
     @api.post("/chat/completions", summary="Echo the last user message (built-in test provider)")
     async def chat_completions(req: ChatRequest) -> Any:
-        text = echo_text(req.messages)
+        asked = asked_title(req.messages)
+        text = echo_text(req.messages) if asked is None else echo_title(asked)
         if req.stream:
             return StreamingResponse(
                 _stream(req, text),

@@ -564,17 +564,26 @@ async def test_cancel_during_an_approval_wait_cancels_the_turn(
         final = await d.final(skey, posted["replyKey"])
         assert final["status"] == "cancelled"
         (call,) = _parts(final, TOOL_CALL)
-        assert "approval" not in call  # nothing waits any more
+        assert call["approval"] == "timedout"  # nothing waits any more, no decision came
         route = f"/api/conversations/{skey}/messages/{posted['replyKey']}/approvals/a1"
         assert (await d.http.post(route, json={"approve": True})).status_code == 409
         assert http_tools.requests == []
 
 
-def test_a_restart_during_an_approval_wait_marks_the_reply_interrupted(
-    tmp_path: Path, http_tools: HttpToolServer
+@pytest.mark.parametrize("how", ["kill -9", "clean stop"])
+def test_a_restart_during_an_approval_wait_leaves_no_call_pending(
+    tmp_path: Path, http_tools: HttpToolServer, how: str
 ) -> None:
+    """No record may keep offering a decision nobody can take: after a crash the reply is
+    `error` "interrupted"; a clean stop ends the wait at once and the turn finishes. Either
+    way the call says `timedout`, and neither the route nor an owner's record revives it."""
+    from tests.support.accounts import ALICE_PASSWORD
+
     with FakeModel() as fake:
-        fake.push(Reply.tool_calls([ToolCall("weather", {"city": "Oslo"}, id="a1")]))
+        fake.push(
+            Reply.tool_calls([ToolCall("weather", {"city": "Oslo"}, id="a1")]),
+            Reply.text("I could not check."),  # the stop's next step, after "approval timed out"
+        )
         extra = f'\n[tools.weather]\nkind = "http"\nurl = "{http_tools.url("/weather")}"\napproval = "always"\n'
         daemon = Turnd(tmp_path, "t", tmp_path / "data", fake.base_url, extra=extra).start()
         try:
@@ -585,19 +594,63 @@ def test_a_restart_during_an_approval_wait_marks_the_reply_interrupted(
                     json={"parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": "Oslo?"}],
                           "generation": {"tools": ["weather"]}},
                 ).json()
+                reply_key = posted["replyKey"]
 
                 def reply() -> dict[str, Any] | None:
                     messages = http.get(f"/api/conversations/{skey}").json()["messages"]
-                    return next((m["value"] for m in messages if m["key"] == posted["replyKey"]), None)
+                    return next((m["value"] for m in messages if m["key"] == reply_key), None)
 
                 wait_until(
                     lambda: (v := reply()) and any(p.get("approval") == "pending" for p in v["content"]["parts"]),
                     30, "the pending approval",
                 )
-                daemon.kill()
+                if how == "kill -9":
+                    daemon.kill()
+                else:
+                    assert daemon.stop() == 0
                 daemon.start()
                 final = wait_until(lambda: (v := reply()) and v["status"] != "pending" and v, 30, "the reply")
-            assert (final["status"], final["error"]) == ("error", "interrupted")
+                (call,) = _parts(final, TOOL_CALL)
+                assert call["approval"] == "timedout"
+                if how == "kill -9":
+                    assert (final["status"], final["error"]) == ("error", "interrupted")
+                    assert _parts(final, TOOL_RESULT) == []
+                else:
+                    assert final["status"] == "complete", final
+                    (result,) = _parts(final, TOOL_RESULT)
+                    assert (result["output"], result["isError"]) == ("approval timed out", True)
+                    assert _tool_messages(fake, 1)[-1]["content"] == "approval timed out"
+
+                route = f"/api/conversations/{skey}/messages/{reply_key}/approvals/a1"
+                assert http.post(route, json={"approve": True}).status_code == 409
+                jwt = http.post(
+                    "/xrpc/com.atproto.server.createSession",
+                    json={"identifier": "alice.test", "password": ALICE_PASSWORD},
+                ).json()["accessJwt"]
+                record = {
+                    "$type": APPROVAL, "reply": reply_key, "callId": "a1", "approve": True,
+                    "createdAt": "2026-12-01T09:00:00.000Z",
+                }
+                written = http.post(
+                    "/xrpc/com.atproto.repo.createRecord",
+                    headers={"Authorization": f"Bearer {jwt}"},
+                    json={"repo": ALICE, "collection": APPROVAL, "rkey": f"{skey}:{reply_key}.a0",
+                          "record": record},
+                )
+                assert written.status_code == 200, written.text
+                # A later turn has gone through the same change feed, past the approval record.
+                fake.push(Reply.text("later"))
+                later = http.post(
+                    f"/api/conversations/{skey}/messages",
+                    json={"parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": "later"}],
+                          "parent": reply_key, "generation": {}},
+                ).json()
+                wait_until(
+                    lambda: any(m["key"] == later["replyKey"] and m["value"]["status"] != "pending"
+                                for m in http.get(f"/api/conversations/{skey}").json()["messages"]),
+                    30, "the later reply",
+                )
+                assert reply() == final
             assert http_tools.requests == []
         finally:
             daemon.stop()

@@ -26,6 +26,7 @@ from recordstore import Change
 from recordstore.keys import parse_reply_key
 from recordstore.vocabulary import APPROVAL
 from turns.prompt import PLAIN
+from turns.records import UNDECIDED
 from turns.streams import StreamBuffer
 
 log = logging.getLogger("turnd.turns")
@@ -48,6 +49,16 @@ class Approvals:
 
     def __init__(self) -> None:
         self._waits: dict[Address, _Wait] = {}
+        self._closed = False
+
+    def close(self) -> None:
+        """Shutting down: every wait, now and later, ends with no decision (``timedout``).
+
+        A person may not be there to answer, and a turn waiting for one would hold the
+        shutdown for its whole grace; ended, the turn finishes within it like any other."""
+        self._closed = True
+        for wait in self._waits.values():
+            wait.decided.set()
 
     def waiting(self, did: str, skey: str, reply: str) -> list[str]:
         return [a[3] for a in self._waits if a[:3] == (did, skey, reply)]
@@ -86,6 +97,8 @@ class Approvals:
 
     def _add(self, address: Address, index: int) -> _Wait:
         wait = self._waits[address] = _Wait(index)
+        if self._closed:
+            wait.decided.set()
         return wait
 
     def _remove(self, address: Address, wait: _Wait) -> None:
@@ -164,19 +177,20 @@ class ApprovalGate:
         finally:
             self._approvals._remove(address, wait)
         if wait.approve is None:
-            part["approval"] = "timedout"
+            part["approval"] = UNDECIDED
             return TIMED_OUT
         part["approval"] = "approved" if wait.approve else "denied"
         return None if wait.approve else DENIED
 
     def settle(self) -> None:
-        """The turn ended (cancelled) with calls still waiting: their parts keep no 'pending'."""
+        """The turn ended (cancelled, shut down) with calls still waiting: no decision can
+        reach them now, so they end ``timedout``, as after a restart (records.interrupted)."""
         for _index, address, wait in self._pending.values():
             self._approvals._remove(address, wait)
         self._pending.clear()
         for part in self._parts:
             if part.get("approval") == "pending":
-                del part["approval"]
+                part["approval"] = UNDECIDED
 
     @contextmanager
     def _pause(self) -> Iterator[None]:

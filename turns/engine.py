@@ -187,6 +187,7 @@ class TurnEngine:
         """
         self._accepting = False
         self.titles.cancel_all()
+        self.approvals.close()  # nobody may answer now: waiting calls end `timedout`
         self._cancel_all(queued_only=True)
         with anyio.move_on_after(grace):
             await self._idle.wait()

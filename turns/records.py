@@ -131,10 +131,27 @@ def unstorable(record: Mapping[str, Any], reason: object) -> dict[str, Any]:
 
 def interrupted(placeholder: Mapping[str, Any], reason: str = "interrupted") -> dict[str, Any]:
     """A claim whose runner stopped before finishing (found at the next start), or one
-    too old for any live turn to own (``reason="abandoned"``)."""
+    too old for any live turn to own (``reason="abandoned"``).
+
+    A tool call that was waiting for approval (the placeholder rewritten with its parts)
+    is marked ``timedout``: its wait is over and no decision can reach it any more, so no
+    client may be left offering an Approve button that answers 409.
+    """
     value = {k: v for k, v in placeholder.items() if k != "claim"}
     value.update(status="error", error=reason)
+    content = value.get("content")
+    parts = content.get("parts") if isinstance(content, Mapping) else None
+    if isinstance(parts, list) and any(_waiting(p) for p in parts):
+        parts = [{**p, "approval": UNDECIDED} if _waiting(p) else p for p in parts]
+        value["content"] = {**content, "parts": parts}
     return value
+
+
+UNDECIDED = "timedout"  # an approval wait that ended with no decision, however it ended
+
+
+def _waiting(part: object) -> bool:
+    return isinstance(part, Mapping) and part.get("approval") == "pending"
 
 
 def status_event(record: Mapping[str, Any], model: Mapping[str, str]) -> dict[str, Any]:

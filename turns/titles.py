@@ -12,7 +12,7 @@ title and writes nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ _INSTRUCTIONS = (
     "Write a short title (at most 60 characters) for the conversation below, in its "
     "language. Answer with the title alone: no quotes, no final period."
 )
-
+_USER, _ASSISTANT = "User: ", "\n\nAssistant: "
 
 
 def wanted(
@@ -47,6 +47,27 @@ def wanted(
         return False
     title = (info or {}).get("title")
     return not (isinstance(title, str) and title)
+
+
+def title_request(user_text: str, reply_text: str) -> list[dict[str, str]]:
+    """The messages that ask a model for a title of this first exchange."""
+    return [
+        {"role": "system", "content": _INSTRUCTIONS},
+        {"role": "user", "content": f"{_USER}{user_text}{_ASSISTANT}{reply_text}"},
+    ]
+
+
+def asked_title(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The user's words when ``messages`` is a :func:`title_request`, else None.
+
+    For a provider that answers without a model (the built-in echo provider): echoing
+    the request back would make every title "User: ..."."""
+    if len(messages) != 2 or messages[0].get("content") != _INSTRUCTIONS:
+        return None
+    text = messages[1].get("content")
+    if messages[1].get("role") != "user" or not isinstance(text, str) or not text.startswith(_USER):
+        return None
+    return text[len(_USER) :].split(_ASSISTANT, 1)[0]
 
 
 def clean(text: str) -> str:
@@ -168,14 +189,10 @@ class Titles:
         except (ValueError, ModelResolutionError) as exc:
             log.warning("no title: %s", exc)
             raise NoTitle(f"no title model: {exc}") from None
-        conversation = f"User: {_text(ask.user_message)}\n\nAssistant: {_text(ask.reply)}"
         try:
             response = await client.chat.completions.create(
                 model=ref["id"],
-                messages=[
-                    {"role": "system", "content": _INSTRUCTIONS},
-                    {"role": "user", "content": conversation},
-                ],
+                messages=title_request(_text(ask.user_message), _text(ask.reply)),
                 max_tokens=32,
                 stream=False,
             )
