@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
 WORDS_PER_CHUNK = 3
-TITLE_WORDS = 6
+TITLE_WORDS = 8  # of the user's first line; titles.clean then keeps at most 60 characters
 
 ECHO = "echo"  # the provider's name, reserved
 ECHO_LABEL = "echo (built-in test provider)"
@@ -82,7 +82,8 @@ def echo_text(messages: list[dict[str, Any]]) -> str:
 def echo_title(user_text: str) -> str:
     """The echo's answer to a title request: the first words of the user's message (what a
     model would make of "hello"), never the request itself echoed back ("Echo: User: ...")."""
-    words = user_text.split()[:TITLE_WORDS]
+    first_line = next((line for line in user_text.splitlines() if line.strip()), "")
+    words = first_line.split()[:TITLE_WORDS]
     title = " ".join(words)
     return title[:1].upper() + title[1:]
 

@@ -64,7 +64,7 @@ def test_serve_on_embedded_defaults_then_send_hello(tmp_path: Path, serve: Any) 
     # The title generated after the first reply (by the echo: the default title model is
     # the turn's own) is printed when it arrives.
     title = re.search(r"^turnd: title '(.+)'$", sent.stderr, re.M)
-    assert title and "hello" in title.group(1), sent.stderr
+    assert title and title.group(1) == "Hello", sent.stderr  # the user's words, not "Echo: User: …"
 
     # a second message continues the branch: its parent is the first reply
     again = turnd("send", "--conversation", skey, "and again", cwd=work, env=env)

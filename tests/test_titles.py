@@ -180,6 +180,23 @@ async def test_the_default_title_model_is_the_turns_own(tmp_path: Path, fake_mod
         assert titler.requests[0]["model"] == "fake-model"
 
 
+async def test_the_echo_provider_titles_by_the_users_first_words(
+    tmp_path: Path, fake_model: FakeModel
+) -> None:
+    """The embedded defaults' provider: its title is what the user said, not the title
+    request echoed back ("Echo: User: ..."); its turns still echo."""
+    async with running_daemon(tmp_path, fake_model, turns={"titleModel": "echo:echo"}) as dm:
+        skey = await dm.conversation()
+        text = "what should I pack for a weekend in Lyon in May?\nAnd shoes?"
+        posted = await dm.post(skey, text, generation={"model": {"provider": "echo", "id": "echo"}})
+        final = await dm.final(skey, posted["replyKey"])
+        assert final["content"]["parts"][0]["text"] == f"Echo: {text}"
+        value = await eventually_titled(dm, skey)
+        assert (value["title"], value["titleSource"]) == ("What should I pack for a weekend in", "generated")
+        listed = (await dm.http.get("/api/conversations")).json()["conversations"]
+        assert [c["title"] for c in listed if c["skey"] == skey] == ["What should I pack for a weekend in"]
+
+
 def test_a_models_answer_becomes_a_clean_title():
     assert clean('"Trip to Lyon."') == "Trip to Lyon"
     assert clean("Title: **Budget review**\n\nMore text") == "Budget review"
