@@ -236,7 +236,9 @@ async def test_a_reply_too_large_for_a_record_keeps_the_parts_that_fit(tmp_path,
 # -- 4. abandoned claims ----------------------------------------------------------------
 
 
-async def _placeholder(kit: Any, skey: str, *, age: timedelta, claim: str) -> str:
+async def _placeholder(
+    kit: Any, skey: str, *, age: timedelta, claim: str, parts: list[dict[str, Any]] | None = None
+) -> str:
     key = new_tid()
     await kit.store.create_record(
         DID, skey, MESSAGE, key,
@@ -252,7 +254,7 @@ async def _placeholder(kit: Any, skey: str, *, age: timedelta, claim: str) -> st
             "$type": MESSAGE, "role": "assistant", "parent": key, "status": "pending",
             "claim": claim, "createdAt": iso(-age),
             "model": {"provider": "fake", "id": "fake-model"},
-            "content": {"$type": "network.sharedcomputer.chat.defs#plainContent", "parts": []},
+            "content": {"$type": "network.sharedcomputer.chat.defs#plainContent", "parts": parts or []},
         },
     )
     return f"{key}.r0"
@@ -262,7 +264,12 @@ async def test_abandoned_claims_are_swept_once_and_young_ones_left_alone(tmp_pat
     settings = TurnSettings(retries=0, timeout_seconds=60, max_steps=1, approval_timeout_seconds=60)
     async with turn_kit(tmp_path, fake, settings=settings) as kit:
         skey = await kit.conversation()
-        old = await _placeholder(kit, skey, age=timedelta(hours=2), claim="gone-deployment:aa")
+        # Its runner went while a tool call waited for approval: nobody can answer it now.
+        waiting = {"$type": "network.sharedcomputer.chat.defs#toolCallPart", "callId": "c1",
+                   "tool": "weather", "input": "{}", "approval": "pending"}
+        old = await _placeholder(
+            kit, skey, age=timedelta(hours=2), claim="gone-deployment:aa", parts=[waiting]
+        )
         # Younger than the bound: timeout + maxSteps * approval + 5 min = 7 min, whatever
         # abandonAfterMinutes (default 60) says: 30 minutes is still too young.
         young = await _placeholder(kit, skey, age=timedelta(minutes=30), claim="other:bb")
@@ -291,6 +298,7 @@ async def test_abandoned_claims_are_swept_once_and_young_ones_left_alone(tmp_pat
         assert swept is not None
         assert swept.value["status"] == "error" and swept.value["error"] == "abandoned"
         assert "claim" not in swept.value
+        assert swept.value["content"]["parts"] == [{**waiting, "approval": "timedout"}]
         left = await kit.store.get_record(DID, skey, MESSAGE, young)
         assert left is not None and left.value["status"] == "pending"
         assert left.value["claim"] == "other:bb"
