@@ -21,13 +21,11 @@ import httpx
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply, ToolCall
-from tests.support.http_tools import HttpToolServer
-from tests.test_web_browser import (
+from tests.support.browser import (
     SHOTS,
-    TOKEN,
-    _last_user_text,
     current_skey,
     last_reply,
+    last_user_text,
     open_page,
     record,
     reply_to,
@@ -36,7 +34,9 @@ from tests.test_web_browser import (
     turnd_serve,
     wait_status,
 )
-from tests.test_web_browser import browser as browser  # noqa: F401 - the shared fixture
+from tests.support.browser import api as api  # noqa: F401 - the shared fixture
+from tests.support.browser import browser as browser  # noqa: F401 - the shared fixture
+from tests.support.http_tools import HttpToolServer
 
 pytestmark = pytest.mark.browser
 
@@ -56,7 +56,7 @@ class Script:
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         messages = request.get("messages", [])
-        text = _last_user_text(messages)
+        text = last_user_text(messages)
         with self.lock:
             n = self.counts[text] = self.counts.get(text, 0) + 1
         if text.startswith("stream markdown"):
@@ -109,14 +109,6 @@ def page(browser: Any, daemon: str) -> Iterator[Any]:  # noqa: F811
     with open_page(browser, daemon) as pg:
         pg.context.grant_permissions(["clipboard-read", "clipboard-write"])
         yield pg
-
-
-@pytest.fixture
-def api(daemon: str) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=daemon, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-    ) as client:
-        yield client
 
 
 def post_and_wait(api: httpx.Client, skey: str, parent: str | None, text: str) -> str:

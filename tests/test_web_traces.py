@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply
-from tests.test_web_browser import (
-    _last_user_text,
+from tests.support.browser import browser as browser  # noqa: F401 - the shared fixture
+from tests.support.browser import (
     current_skey,
+    last_user_text,
     open_page,
     reply_to,
     send,
@@ -26,7 +27,6 @@ from tests.test_web_browser import (
     turnd_serve,
     wait_status,
 )
-from tests.test_web_browser import browser as browser  # noqa: F401 - the shared fixture
 
 pytestmark = pytest.mark.browser
 
@@ -73,7 +73,7 @@ class Script:
         ):
             # turnd's title request (SPEC §15); Markdown the page must not show raw.
             return Reply.text([f"**{TITLE}**"])
-        text = _last_user_text(messages)
+        text = last_user_text(messages)
         with self.lock:
             n = self.counts[text] = self.counts.get(text, 0) + 1
         if text.startswith("retry") and n == 1:
