@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import anyio
 import httpx
@@ -12,6 +11,7 @@ from daemon.config import Config, load_config
 from daemon.config_file import ConfigError
 from daemon.echo import ECHO
 from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, short
+from turns.settings import Provider
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -72,7 +72,7 @@ LISTED_AT_MOST = 20  # model ids printed for a provider without a `models` list
 
 
 async def check_provider(
-    config: Config, provider: Any, *, within: float = 10
+    config: Config, provider: Provider, *, within: float = 10
 ) -> tuple[bool, str, str]:
     """(ok, "provider", one line naming the provider): its /models, never its key."""
     import openai

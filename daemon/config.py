@@ -49,6 +49,7 @@ from daemon.config_file import (
 from daemon.dids import account_did
 from daemon.echo import ECHO, ECHO_MODEL, echo_provider
 from daemon.reload import SettingsReloader
+from plugins.sources.specs import ToolSourceSpec
 from turns.limits import Quota
 from turns.pricing import Price, check_price, price_from_table
 from turns.settings import Provider, TurnSettings
@@ -105,7 +106,7 @@ class Config:
     header_timeout: float = 10.0
     max_connections: int = 1000
     public_reads: bool = False
-    tools: list[Any] = field(default_factory=list)  # plugins.sources specs, in file order
+    tools: list[ToolSourceSpec] = field(default_factory=list)  # [tools.NAME], in file order
     # SPEC §18: set with [cluster] redis_url_env; a secret (it may hold a password).
     redis_url: str | None = field(default=None, repr=False)
     redis_url_env: str | None = None

@@ -4,8 +4,8 @@ preferences record and the presets."""
 
 # No "from __future__ import annotations": FastAPI reads these annotations at runtime.
 
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
@@ -19,6 +19,7 @@ from turns import manage
 KEEPALIVE_SECONDS = 15.0
 
 router = APIRouter(prefix="/api", tags=["conversations"])
+_Route = TypeVar("_Route", bound=Callable[..., Any])
 
 
 class _Body(BaseModel):
@@ -109,22 +110,20 @@ async def delete_conversation(conv: ConversationDep, service: ServiceDep) -> Res
     return Response(status_code=204)
 
 
-@router.get(
-    "/conversations/{skey}/events",
-    response_class=Response,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "Record changes"}},
-)
+def _event_stream(path: str, description: str) -> Callable[[_Route], _Route]:
+    """A GET route answering ``text/event-stream`` (so the OpenAPI document says so)."""
+    content = {"content": {"text/event-stream": {}}, "description": description}
+    return router.get(path, response_class=Response, responses={200: content})
+
+
+@_event_stream("/conversations/{skey}/events", "Record changes")
 async def conversation_events(
     conv: ConversationDep, service: ServiceDep, after: LastEventIdDep
 ) -> EventSourceResponse:
     return _stream(service.events.conversation(conv.did, conv.skey), after)
 
 
-@router.get(
-    "/events",
-    response_class=Response,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "Conversations"}},
-)
+@_event_stream("/events", "Conversations")
 async def account_events(
     acct: AccountDep, service: ServiceDep, after: LastEventIdDep
 ) -> EventSourceResponse:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import httpx
+
+from daemon.config import Config
+from turns.settings import Provider
 
 LIST_TIMEOUT = 3.0  # seconds a provider's /models may take
 KEEP_SECONDS = 300.0  # an answer is reused this long
@@ -28,7 +30,7 @@ class ProviderModels:
         self._clock = clock
         self._cache: dict[str, tuple[float, list[str]]] = {}
 
-    async def list(self, config: Any) -> list[dict[str, str]]:
+    async def list(self, config: Config) -> list[dict[str, str]]:
         """One entry per (provider, model), in config order."""
         default_provider, _, default_id = config.default_model.partition(":")
         asked: dict[str, list[str]] = {}
@@ -46,7 +48,7 @@ class ProviderModels:
                 out.append({"provider": name, "id": model_id, "label": f"{label} · {model_id}"})
         return out
 
-    async def _ask(self, provider: Any, into: dict[str, list[str]]) -> None:
+    async def _ask(self, provider: Provider, into: dict[str, list[str]]) -> None:
         now = self._clock()
         cached = self._cache.get(provider.name)
         if cached is not None and cached[0] > now:
@@ -58,7 +60,7 @@ class ProviderModels:
         into[provider.name] = ids or []
 
 
-async def fetch_ids(provider: Any) -> list[str] | None:
+async def fetch_ids(provider: Provider) -> list[str] | None:
     """The ids ``GET {base_url}/models`` answers, or None when it does not (no key shown)."""
     headers = {"Authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
     try:

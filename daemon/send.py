@@ -278,10 +278,14 @@ def _text_part(text: str) -> dict[str, Any]:
 
 def _value(response: Any) -> dict[str, Any]:
     """A record value from the SDK as a plain dict (it may be a model or a DotDict)."""
+    from atproto_client.models.dot_dict import DotDict  # the SDK is loaded by now
+    from pydantic import BaseModel
+
     value = response.value
-    for attr in ("to_dict", "model_dump"):
-        if hasattr(value, attr):
-            return getattr(value, attr)()
+    if isinstance(value, DotDict):
+        return value.to_dict()
+    if isinstance(value, BaseModel):
+        return value.model_dump()
     return dict(value)
 
 

@@ -3,14 +3,14 @@ its tools listed, as ``turnd serve`` would, then stopped again."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
+
+from daemon.config import Config
 
 CHECK_SECONDS = 25.0  # longer than a source's own connect timeout (20 s)
 
 
-async def check_tools(config: Any) -> list[tuple[bool | str, str, str]]:
+async def check_tools(config: Config) -> list[tuple[bool | str, str, str]]:
     """One line per ``[tools.NAME]``: ok with its tool count, or ``degraded`` with why."""
     if not config.tools:
         return []

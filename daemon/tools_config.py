@@ -84,8 +84,8 @@ def _spec(
     if table.url is not None and not table.url.startswith(("http://", "https://")):
         raise ValueError(f"{where}.url: must be an http(s) URL")
     if table.kind == "http":
-        for key in ("command", "cwd"):
-            if getattr(table, key) is not None:
+        for key, given in (("command", table.command), ("cwd", table.cwd)):
+            if given is not None:
                 raise ValueError(f"{where}.{key}: not a key of an http tool (kind = \"http\")")
         if table.args or table.env or table.env_from:
             raise ValueError(f"{where}: args, env and env_from are for MCP servers over stdio")

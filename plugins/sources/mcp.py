@@ -291,7 +291,7 @@ def summarise(result: types.CallToolResult) -> str:
             size = f", {block.size} bytes" if block.size is not None else ""
             out.append(f"[resource link {block.uri}{mime}{size}]")
         else:
-            out.append(f"[{getattr(block, 'type', 'content')}]")
+            out.append(f"[{block.type}]")  # every content block names its type
     if not out and result.structured_content is not None:
         out.append(json.dumps(result.structured_content, ensure_ascii=False))
     return "\n".join(out)
