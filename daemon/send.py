@@ -118,7 +118,9 @@ def _pick_account(config: Config, name: str | None) -> Account | str:
 async def _send(
     config: Config, account: Account, args: argparse.Namespace, model: dict[str, str] | None
 ) -> int:
-    from atproto import AsyncClient
+    # The client package alone: the top-level `atproto` also imports the firehose,
+    # identity, crypto and server packages (~0.3 s), none of which send uses.
+    from atproto_client import AsyncClient
 
     from recordstore import CONVERSATION_REF, INFO, MESSAGE, SETTINGS_SPACE
     from recordstore.keys import new_tid, repo_rkey
