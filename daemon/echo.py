@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from fastapi import APIRouter
 
 WORDS_PER_CHUNK = 3
-TITLE_WORDS = 8  # of the user's first line; titles.clean then keeps at most 60 characters
 
 ECHO = "echo"  # the provider's name, reserved
 ECHO_LABEL = "echo (built-in test provider)"
@@ -80,11 +79,10 @@ def echo_text(messages: list[dict[str, Any]]) -> str:
 
 
 def echo_title(user_text: str) -> str:
-    """The echo's answer to a title request: the first words of the user's message (what a
+    """The echo's answer to a title request: the first line of the user's message (what a
     model would make of "hello"), never the request itself echoed back ("Echo: User: ...")."""
     first_line = next((line for line in user_text.splitlines() if line.strip()), "")
-    words = first_line.split()[:TITLE_WORDS]
-    title = " ".join(words)
+    title = " ".join(first_line.split())  # turnd keeps at most 60 characters, cut at a word
     return title[:1].upper() + title[1:]
 
 

@@ -187,14 +187,14 @@ async def test_the_echo_provider_titles_by_the_users_first_words(
     request echoed back ("Echo: User: ..."); its turns still echo."""
     async with running_daemon(tmp_path, fake_model, turns={"titleModel": "echo:echo"}) as dm:
         skey = await dm.conversation()
-        text = "what should I pack for a weekend in Lyon in May?\nAnd shoes?"
+        text = "what should I pack for a long weekend in Lyon in May, and which trains go there?\nAnd shoes?"
         posted = await dm.post(skey, text, generation={"model": {"provider": "echo", "id": "echo"}})
         final = await dm.final(skey, posted["replyKey"])
         assert final["content"]["parts"][0]["text"] == f"Echo: {text}"
         value = await eventually_titled(dm, skey)
-        assert (value["title"], value["titleSource"]) == ("What should I pack for a weekend in", "generated")
+        assert (value["title"], value["titleSource"]) == ("What should I pack for a long weekend in Lyon in May, and", "generated")
         listed = (await dm.http.get("/api/conversations")).json()["conversations"]
-        assert [c["title"] for c in listed if c["skey"] == skey] == ["What should I pack for a weekend in"]
+        assert [c["title"] for c in listed if c["skey"] == skey] == ["What should I pack for a long weekend in Lyon in May, and"]
 
 
 def test_a_models_answer_becomes_a_clean_title():
