@@ -150,8 +150,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 async def _create_local_account(data_dir: Path, did: str) -> None:
-    from recordstore import SETTINGS, SETTINGS_SPACE
     from recordstore.local import LocalStore
+    from turns import account_space
 
     async with LocalStore.open(data_dir) as store:
-        await store.create_space(did, SETTINGS, SETTINGS_SPACE)
+        await account_space.ensure(store, did)
