@@ -9,7 +9,7 @@ def anyio_backend() -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command) the tests that
+    # Under pytest-xdist (`-n 3 --dist loadgroup`, the README's command) the tests that
     # share the session's reference PDS run on one worker, so one PDS starts, not one per
     # worker; the Chromium tests likewise keep to one worker. Without xdist: no effect.
     for item in items:
