@@ -209,6 +209,7 @@ async def _run(mode: str, sizes: Sizes, phases: frozenset[str]) -> dict[str, Any
                     "stream_1000_events_missing": r["stream_events_missing"],
                     "stream_1000_incomplete": r["stream_incomplete"],
                     "stream_1000_tokens_per_s": r["turnd_tokens_per_s"],
+                    "stream_1000_resubscribed": r["stream_resubscribed"],
                 } for r in big])
         if "memory" in phases:
             log(f"memory: RSS after {sizes.rss_first} and {sizes.rss_total} turns "
