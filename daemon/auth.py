@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from atproto_server.auth.jwt import (
     decode_jwt_payload,
@@ -48,14 +48,13 @@ __all__ = [
 ]
 
 # The scopes and token types a PDS puts in its legacy (password) session tokens.
-ACCESS_SCOPE = "com.atproto.access"
-REFRESH_SCOPE = "com.atproto.refresh"
+Scope = Literal["com.atproto.access", "com.atproto.refresh"]
+ACCESS_SCOPE: Final = "com.atproto.access"
+REFRESH_SCOPE: Final = "com.atproto.refresh"
 _TYP = {ACCESS_SCOPE: "at+jwt", REFRESH_SCOPE: "refresh+jwt"}
 
 ACCESS_TTL = 2 * 60 * 60  # seconds; the PDS's access tokens live two hours
 REFRESH_TTL = 90 * 24 * 60 * 60  # and its refresh tokens ninety days
-
-Scope = Literal["com.atproto.access", "com.atproto.refresh"]
 
 
 class TokenError(NamedError):

@@ -20,6 +20,7 @@ from turns import conversations
 
 __all__ = [
     "AccountDep",
+    "Caller",
     "ConversationAt",
     "ConversationDep",
     "ConversationKey",
@@ -46,7 +47,15 @@ async def _service(request: Request) -> Served:
 ServiceDep = Annotated[Served, Depends(_service)]
 
 
-async def _account(request: Request, service: ServiceDep) -> Account:
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The account an /api request acts for (its bearer token's), by its DID."""
+
+    did: str
+    account: Account
+
+
+async def _account(request: Request, service: ServiceDep) -> Caller:
     token = bearer_token(request)
     found = service.account_for_token(token) if token else None
     if found is None or not found.did:
@@ -55,10 +64,10 @@ async def _account(request: Request, service: ServiceDep) -> Account:
             "a valid 'Authorization: Bearer <token>' is required",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    return found
+    return Caller(found.did, found)
 
 
-AccountDep = Annotated[Account, Depends(_account)]
+AccountDep = Annotated[Caller, Depends(_account)]
 
 
 async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> ConversationAt:

@@ -8,8 +8,6 @@ session does (not revoked, not deleted, made with the account's current password
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 from fastapi import Request
 
 from daemon.accounts import Account
@@ -19,8 +17,6 @@ from daemon.sessions import SessionStore
 from daemon.xrpc_errors import XrpcError, invalid_request
 
 __all__ = ["XrpcAccess"]
-
-_A = TypeVar("_A")
 
 
 def _auth_required() -> XrpcError:
@@ -34,13 +30,6 @@ class XrpcAccess:
         self.service = service
         self.tokens = tokens
         self.sessions = sessions
-
-    def ability(self, ability: type[_A]) -> _A:
-        """The store, when it has ``ability`` (an optional one, recordstore.abilities)."""
-        store = self.service.store
-        if not isinstance(store, ability):  # XRPC is served for the local store, which can
-            raise XrpcError(501, "MethodNotImplemented", "Method Not Implemented")
-        return store
 
     def _password(self, did: str) -> str | None:
         account = next((a for a in self.service.accounts if a.did == did), None)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +29,7 @@ __all__ = [
     "XrpcRoute",
     "error_response",
     "invalid_request",
+    "not_served",
     "not_implemented",
     "rate_limited",
 ]
@@ -40,6 +42,11 @@ class XrpcError(NamedError):
 def invalid_request(message: str) -> XrpcError:
     """The PDS's answer to input it will not take: ``400 InvalidRequest``."""
     return XrpcError(400, "InvalidRequest", message)
+
+
+def not_served() -> XrpcError:
+    """A method the store cannot serve (XRPC is served for the local store, which can)."""
+    return XrpcError(501, "MethodNotImplemented", "Method Not Implemented")
 
 
 def error_response(status: int, error: str, message: str) -> JSONResponse:
@@ -97,7 +104,7 @@ class XrpcRoute(APIRoute):
     ``400 InvalidRequest`` for bad input, so the conversion happens here, per route.
     """
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:

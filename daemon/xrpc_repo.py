@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import recordstore
 from daemon.accounts import Account
 from daemon.xrpc_access import XrpcAccess
-from daemon.xrpc_errors import XrpcError, invalid_request
+from daemon.xrpc_errors import XrpcError, invalid_request, not_served
 from recordstore import keys
 from recordstore.abilities import BatchWrites, RepoCollections, RepoLister, RepoPage
 from recordstore.lexicon import has_lexicon
@@ -99,13 +99,13 @@ class RepoMethods:
     ) -> dict[str, Any]:
         account = self._access.repo(repo, "user")
         self._access.reader(request, account)
+        if not isinstance(store := self._store, RepoCollections):
+            raise not_served()
         return {
             "handle": account.handle,
             "did": account.did,
             "didDoc": _did_doc(account, str(request.base_url).rstrip("/")),
-            "collections": await self._access.ability(RepoCollections).collections(
-                _did(account)
-            ),
+            "collections": await store.collections(_did(account)),
             "handleIsCorrect": True,
         }
 
@@ -184,15 +184,17 @@ class RepoMethods:
             writes.append(
                 recordstore.Write(op, space, collection, key, _typed(w.value, collection))
             )
-        records = await self._access.ability(BatchWrites).apply_writes(did, writes)
+        if not isinstance(store := self._store, BatchWrites):
+            raise not_served()
+        records = await store.apply_writes(did, writes)
         results: list[dict[str, Any]] = []
-        for w, rec, rkey, status in zip(writes, records, rkeys, statuses, strict=True):
+        for write, rec, rkey, status in zip(writes, records, rkeys, statuses, strict=True):
             if rec is None:
                 results.append({"$type": "com.atproto.repo.applyWrites#deleteResult"})
                 continue
-            await self._space(did, w.space)
+            await self._space(did, write.space)
             result = _write_result(rec, rkey, status)
-            results.append({"$type": f"com.atproto.repo.applyWrites#{w.op}Result", **result})
+            results.append({"$type": f"com.atproto.repo.applyWrites#{write.op}Result", **result})
         return {"results": results}
 
     async def get_record(

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from daemon.accounts import Account
-from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, bearer_token
+from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, Scope, bearer_token
 from daemon.xrpc_access import XrpcAccess
 from daemon.xrpc_errors import XrpcError, invalid_request, rate_limited
 
@@ -92,7 +92,7 @@ class ServerMethods:
         # As on a PDS: called with the refresh token; an access token of the session
         # ends it too.
         token = bearer_token(request)
-        scope = REFRESH_SCOPE if token and '"refresh+jwt"' in _jwt_header(token) else ACCESS_SCOPE
+        scope: Scope = REFRESH_SCOPE if token and '"refresh+jwt"' in _jwt_header(token) else ACCESS_SCOPE
         claims = self._access.claims(request, scope)
         if claims.sid is not None:
             await self._sessions.revoke(claims.sid)

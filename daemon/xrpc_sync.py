@@ -15,7 +15,7 @@ from fastapi import Query, Request, Response
 from daemon import uploads
 from daemon.auth import ACCESS_SCOPE
 from daemon.xrpc_access import XrpcAccess
-from daemon.xrpc_errors import XrpcError, invalid_request
+from daemon.xrpc_errors import XrpcError, invalid_request, not_served
 from recordstore.abilities import BlobTypes
 from recordstore.mime import OCTET_STREAM
 from recordstore.write import MAX_BLOB_BYTES
@@ -62,7 +62,10 @@ class BlobMethods:
         if account is None or account.did is None:
             raise XrpcError(400, "RepoNotFound", f"Could not find repo for DID: {did}")
         self._access.reader(request, account)
-        data = await self._service.store.get_blob(account.did, cid)
-        info = await self._access.ability(BlobTypes).blob_info(account.did, cid)
+        store = self._service.store
+        if not isinstance(store, BlobTypes):
+            raise not_served()
+        data = await store.get_blob(account.did, cid)
+        info = await store.blob_info(account.did, cid)
         headers = {**BLOB_HEADERS, "content-disposition": f'attachment; filename="{cid}"'}
         return Response(data, media_type=info[0] if info else OCTET_STREAM, headers=headers)
