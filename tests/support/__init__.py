@@ -13,6 +13,8 @@
   ``wait_healthy``, config files for the account ``me``);
 - ``reliability``: real ``turnd serve`` processes with their own config and a fake model
   in its own process;
+- ``browser``: the web page in Chromium (Playwright): the ``browser`` fixture, ``turnd_serve``,
+  the page helpers the browser test modules share;
 - ``http_tools``: a real HTTP tool server (seed 000's ``handler_type: http``);
 - ``disk``: a small tmpfs for the full-disk cases;
 - ``strategies``: hypothesis strategies for valid records.
