@@ -72,6 +72,30 @@ token_env = "ME_TOKEN"
     return conf, env
 
 
+def _served(tmp_path: Path, serve: Any, body: str) -> tuple[Any, Path, dict[str, str]]:
+    """``turnd serve`` on a free port with ``_config(body)``, serving and healthy; the
+    process, its config file and its environment."""
+    conf, env = _config(tmp_path, free_port(), body)
+    daemon = serve(tmp_path, env, "--config", str(conf))
+    daemon.wait_for(r"turnd: serving", timeout=30)
+    wait_healthy(daemon.url, timeout=15)
+    return daemon, conf, env
+
+
+def _titled_by(provider: str, base_url: str, key_env: str, model: str) -> str:
+    """Replies by the echo, titles by ``provider:model`` (no retries)."""
+    return f"""[models]
+default = "echo:echo"
+[turns]
+retries = 0
+titleModel = "{provider}:{model}"
+[providers.{provider}]
+base_url = "{base_url}"
+api_key_env = "{key_env}"
+models = ["{model}"]
+"""
+
+
 def _turn(url: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
     """Post one message; its reply's stream (read whole), its final record, the raw stream."""
     api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
@@ -91,10 +115,9 @@ def _turn(url: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
 def test_a_dead_provider_is_named_in_the_retry_the_status_the_record_and_the_log(
     tmp_path: Path, serve: Any
 ) -> None:
-    port = free_port()
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    conf, env = _config(
-        tmp_path, port,
+    daemon, conf, env = _served(
+        tmp_path, serve,
         f"""[models]
 default = "down:m"
 [turns]
@@ -106,9 +129,6 @@ api_key_env = "DOWN_KEY"
 models = ["m"]
 """,
     )
-    daemon = serve(tmp_path, env, "--config", str(conf))
-    daemon.wait_for(r"turnd: serving", timeout=30)
-    wait_healthy(daemon.url, timeout=15)
     events, record, raw = _turn(daemon.url)
 
     named = f'could not reach the model provider "down" at {dead}'
@@ -131,9 +151,8 @@ def test_a_provider_error_echoing_its_key_falls_back_named_and_scrubbed(
     # A provider whose error body repeats the key it was sent (some gateways do).
     echoing = Reply.error(401, f"Incorrect API key provided: {FAKE_KEY}", "invalid_request_error")
     with FakeModel(default=echoing) as fake:
-        port = free_port()
-        conf, env = _config(
-            tmp_path, port,
+        daemon, conf, env = _served(
+            tmp_path, serve,
             f"""[models]
 default = "fake:fake-model"
 [models.fallbacks]
@@ -147,9 +166,6 @@ api_key_env = "FAKE_KEY"
 models = ["fake-model"]
 """,
         )
-        daemon = serve(tmp_path, env, "--config", str(conf))
-        daemon.wait_for(r"turnd: serving", timeout=30)
-        wait_healthy(daemon.url, timeout=15)
         events, record, raw = _turn(daemon.url)
         assert fake.request_count >= 1
     fallback = [e["data"] for e in events if e["event"] == "fallback"]
@@ -165,24 +181,8 @@ models = ["fake-model"]
 def test_a_failing_title_model_is_named_and_send_does_not_wait_for_its_title(
     tmp_path: Path, serve: Any
 ) -> None:
-    port = free_port()
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    conf, env = _config(
-        tmp_path, port,
-        f"""[models]
-default = "echo:echo"
-[turns]
-retries = 0
-titleModel = "down:m"
-[providers.down]
-base_url = "{dead}"
-api_key_env = "DOWN_KEY"
-models = ["m"]
-""",
-    )
-    daemon = serve(tmp_path, env, "--config", str(conf))
-    daemon.wait_for(r"turnd: serving", timeout=30)
-    wait_healthy(daemon.url, timeout=15)
+    daemon, conf, env = _served(tmp_path, serve, _titled_by("down", dead, "DOWN_KEY", "m"))
     sent = turnd("send", "--config", str(conf), "hello", cwd=tmp_path, env=env)
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout == "Echo: hello\n"
@@ -213,23 +213,9 @@ def test_a_title_model_error_echoing_its_key_reaches_no_event_and_no_line(
 ) -> None:
     echoing = Reply.error(401, f"Incorrect API key provided: {FAKE_KEY}", "invalid_request_error")
     with FakeModel(default=echoing) as fake:
-        port = free_port()
-        conf, env = _config(
-            tmp_path, port,
-            f"""[models]
-default = "echo:echo"
-[turns]
-retries = 0
-titleModel = "fake:titler"
-[providers.fake]
-base_url = "{fake.base_url}"
-api_key_env = "FAKE_KEY"
-models = ["titler"]
-""",
+        daemon, conf, env = _served(
+            tmp_path, serve, _titled_by("fake", fake.base_url, "FAKE_KEY", "titler")
         )
-        daemon = serve(tmp_path, env, "--config", str(conf))
-        daemon.wait_for(r"turnd: serving", timeout=30)
-        wait_healthy(daemon.url, timeout=15)
         sent = turnd("send", "--config", str(conf), "hello", cwd=tmp_path, env=env)
         assert fake.request_count >= 1  # the title model was asked, with its key
         assert fake.last_request.api_key == FAKE_KEY
