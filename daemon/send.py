@@ -38,6 +38,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         if config.store_kind == "local" and not anyio.run(_reachable, config.base_url):
             return fail(str(_unreachable(config.base_url)))
         return fail(account, EXIT_CONFIG)
+    if not args.text.strip():
+        return fail("nothing to send: the message is empty", EXIT_CONFIG)
     model = None
     if args.model:
         provider, sep, model_id = args.model.partition(":")

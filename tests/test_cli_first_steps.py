@@ -67,7 +67,7 @@ def test_send_without_a_daemon_fails_fast_in_one_line(tmp_path: Path) -> None:
     assert "store.sqlite3" not in _store_files(tmp_path / "turnd-data")
 
 
-def test_send_refuses_a_missing_conversation_or_provider_and_writes_nothing(
+def test_send_refuses_a_missing_conversation_or_provider_or_an_empty_message_and_writes_nothing(
     tmp_path: Path, serve: Any
 ) -> None:
     with FakeModel() as fake:
@@ -95,6 +95,10 @@ def test_send_refuses_a_missing_conversation_or_provider_and_writes_nothing(
         assert nope.stderr == (
             "turnd: --model nope:x: no provider 'nope' in the config (known: echo, fake)\n"
         )
+        for blank in ("", "  \n"):
+            empty = turnd("send", "--config", str(conf), blank, cwd=tmp_path, env=env)
+            assert empty.returncode == 2
+            assert empty.stderr == "turnd: nothing to send: the message is empty\n"
         api = httpx.Client(
             base_url=daemon.url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10
         )
