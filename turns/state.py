@@ -18,6 +18,7 @@ import aiosqlite
 import anyio
 
 from recordstore.files import private_file
+from turns.state_quick import QuickWriter, Statement
 
 log = logging.getLogger("turnd.turns")
 
@@ -149,6 +150,8 @@ class StateDB:
         self.instance_id = instance_id
         self._path = path
         self._inode = _inode(path) if path is not None else None
+        # The per-turn writes, on the loop's thread when they can be (turns.state_quick).
+        self._quick = QuickWriter(path) if path is not None else None
 
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
@@ -186,15 +189,40 @@ class StateDB:
             old, self._db = self._db, await _connect(self._path)
             await old.close()
             self._inode = _inode(self._path)
+            if self._quick is not None:  # it still writes the old inode
+                self._quick.close()
+                self._quick = QuickWriter(self._path)
         return True
 
     async def aclose(self) -> None:
+        if self._quick is not None:
+            self._quick.close()
         await self._db.close()
 
     async def _run(self, sql: str, args: tuple = ()) -> int:
+        changed = await self._write_quick([(sql, args)])
+        if changed is not None:
+            return changed
         async with self._lock:
             cursor = await self._db.execute(sql, args)
             return cursor.rowcount
+
+    async def _write_quick(self, statements: list[Statement], many: bool = False) -> int | None:
+        """The statements as one transaction on this thread (turns.state_quick), or None
+        (nothing written) when the caller must go through the worker thread."""
+        quick = self._quick
+        if quick is None or self._lock.locked():
+            return None
+        changed = quick.run(statements, many)
+        if changed is None:
+            return None
+        if quick.due:
+            quick.checkpointed()
+            async with self._lock:
+                await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        else:
+            await anyio.lowlevel.checkpoint()  # a checkpoint (cancel point), as every write was
+        return changed
 
     async def add_request(self, did: str, skey: str, user_key: str, attempt: int) -> bool:
         """Record a requested turn; False when the same request is already recorded."""
@@ -255,18 +283,23 @@ class StateDB:
             )
             for row in rows
         ]
-        async with self._lock:
-            await self._db.executemany(
-                "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
-                " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
-                " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                values,
+        insert = (
+            "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
+            " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
+            " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        timed = "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)"
+        statements: list[Statement] = [(insert, values)]
+        if timing is not None:
+            statements.append(
+                (timed, (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms))
             )
+        if await self._write_quick(statements, many=True) is not None:
+            return
+        async with self._lock:
+            await self._db.executemany(insert, values)
             if timing is not None:
-                await self._db.execute(
-                    "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)",
-                    (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms),
-                )
+                await self._db.execute(timed, statements[1][1])
 
     async def reply_usage(self, did: str, skey: str) -> list[ReplyUsage]:
         """Each reply of one conversation: its steps summed, and its timing when kept."""
