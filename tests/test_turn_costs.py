@@ -6,11 +6,15 @@ they are asserted; the time each one takes is the bench's (``bench/``).
 
 from __future__ import annotations
 
+import sqlite3
+
+import anyio
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply
 from tests.support.records import text_part
 from tests.support.turnkit import DID, turn_kit
+from turns.state import StateDB
 
 pytestmark = pytest.mark.anyio
 
@@ -34,3 +38,29 @@ async def test_consecutive_turns_reuse_one_connection_to_the_model(tmp_path, fak
         # Each stream was read to its end, so its connection went back to the pool.
         assert fake.request_count == 3
         assert fake.connections == 1
+
+
+async def test_a_state_write_that_meets_another_writer_waits_for_it_and_is_kept(tmp_path):
+    """The state file's quick path never waits (turns.state_quick): busy, the write goes
+    through the worker thread, which does wait, and nothing is lost."""
+    path = tmp_path / "state.sqlite3"
+    state = await StateDB.open(path)
+    try:
+        await state.add_claim(DID, "3kskey", "3kkey.r0")  # the quick path, uncontended
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")  # holds the file's write lock
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def release() -> None:
+                    await anyio.sleep(0.3)
+                    other.execute("COMMIT")
+
+                tg.start_soon(release)
+                await state.add_claim(DID, "3kskey", "3kother.r0")
+                await state.drop_claim(DID, "3kskey", "3kkey.r0")
+        finally:
+            other.close()
+        assert [c.reply_key for c in await state.claims()] == ["3kother.r0"]
+    finally:
+        await state.aclose()
