@@ -18,7 +18,7 @@ import aiosqlite
 import anyio
 
 from recordstore.files import private_file
-from turns.state_quick import QuickWriter, Statement
+from recordstore.sqlite_quick import Quick, Statement
 
 log = logging.getLogger("turnd.turns")
 
@@ -150,8 +150,8 @@ class StateDB:
         self.instance_id = instance_id
         self._path = path
         self._inode = _inode(path) if path is not None else None
-        # The per-turn writes, on the loop's thread when they can be (turns.state_quick).
-        self._quick = QuickWriter(path) if path is not None else None
+        # The per-turn writes on the loop's thread when they can be (recordstore.sqlite_quick).
+        self._quick = Quick(path, read_only=False) if path is not None else None
 
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
@@ -191,7 +191,7 @@ class StateDB:
             self._inode = _inode(self._path)
             if self._quick is not None:  # it still writes the old inode
                 self._quick.close()
-                self._quick = QuickWriter(self._path)
+                self._quick = Quick(self._path, read_only=False)
         return True
 
     async def aclose(self) -> None:
@@ -208,15 +208,15 @@ class StateDB:
             return cursor.rowcount
 
     async def _write_quick(self, statements: list[Statement], many: bool = False) -> int | None:
-        """The statements as one transaction on this thread (turns.state_quick), or None
+        """The statements as one transaction on this thread (recordstore.sqlite_quick), or None
         (nothing written) when the caller must go through the worker thread."""
         quick = self._quick
         if quick is None or self._lock.locked():
             return None
-        changed = quick.run(statements, many)
+        changed = quick.write(statements, many=many)
         if changed is None:
             return None
-        if quick.due:
+        if quick.checkpoint_due:
             quick.checkpointed()
             async with self._lock:
                 await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
