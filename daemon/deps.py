@@ -97,7 +97,7 @@ async def _conversation_key(skey: str, acct: AccountDep) -> ConversationKey:
 ConversationKeyDep = Annotated[ConversationKey, Depends(_conversation_key)]
 
 
-def _last_event_id(
+async def _last_event_id(  # async: a plain def would run in a worker thread (a hop)
     last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
     lastEventId: Annotated[int | None, Query(ge=0)] = None,  # noqa: N803 - for fetch readers
 ) -> int | None:

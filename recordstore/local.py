@@ -87,7 +87,7 @@ class LocalStore(RecordStore):
 
     async def get_record(self, did: str, space: str, collection: str, key: str) -> Record | None:
         validate_address(did, space, collection, key)
-        rows = await self._db.read(
+        rows = await self._db.read_short(
             f"SELECT {RECORD_COLS} FROM records WHERE {_WHERE_KEY}", (did, space, collection, key)
         )
         return record_of(rows[0]) if rows else None
@@ -128,6 +128,7 @@ class LocalStore(RecordStore):
             await self._db.write(_INSERT, (did, space, collection, key, w.cid, w.text))
         except sqlite3.IntegrityError:
             raise RecordExists(f"{collection}/{space}:{key} already exists") from None
+        self._db.written.add(did, space, collection, key, w.cid, w.text)
         return Record(did, space, collection, key, w.cid, w.value)
 
     async def _put_record(
@@ -150,6 +151,7 @@ class LocalStore(RecordStore):
             )
             if not changed:
                 raise InvalidSwap(f"{collection}/{space}:{key} is not at {swap}")
+        self._db.written.add(did, space, collection, key, cid, text)
         return Record(did, space, collection, key, cid, value)
 
     async def apply_writes(self, did: str, writes: Sequence[Write]) -> list[Record | None]:
@@ -184,6 +186,9 @@ class LocalStore(RecordStore):
                     raise RecordNotFound(
                         f"Could not {w.op} {w.collection}/{w.space}:{w.key}: no such record"
                     )
+        for w, p in prepared:
+            if p is not None:
+                self._db.written.add(did, w.space, w.collection, w.key, p.cid, p.text)
         return [
             None if p is None else Record(did, w.space, w.collection, w.key, p.cid, p.value)
             for w, p in prepared

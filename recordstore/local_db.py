@@ -19,6 +19,8 @@ import anyio
 from recordstore import CONVERSATION_REF, StoreError
 from recordstore.files import private_dir, private_file
 from recordstore.local_bell import Bell, bell_for
+from recordstore.local_written import Written
+from recordstore.sqlite_quick import Quick
 
 __all__ = ["DB_NAME", "NEWEST_INDEXES", "OP_COLS", "RECORD_COLS", "LocalDb"]
 
@@ -82,6 +84,12 @@ class LocalDb:
         self.write_lock = anyio.Lock()
         self.bell: Bell = bell_for(self.path)
         self._functions: set[str] = set()
+        # Point reads and one-statement writes without a thread hop when SQLite can do
+        # them at once (recordstore.sqlite_quick); this process's own writes, which its
+        # feeds need not validate again (recordstore.local_written).
+        self._quick_read = Quick(self.path, read_only=True)
+        self._quick_write = Quick(self.path, read_only=False)
+        self.written = Written()
 
     @classmethod
     async def open(cls, path: Path) -> LocalDb:
@@ -100,13 +108,33 @@ class LocalDb:
         return cls(root, writer, reader)
 
     async def aclose(self) -> None:
+        self._quick_read.close()
+        self._quick_write.close()
         await self._writer.close()
         await self._reader.close()
 
     async def write(self, sql: str, params: Any) -> int:
         """Run one write statement (its own transaction); the number of rows it changed."""
+        if not self.write_lock.locked():
+            changed = self._quick_write.write([(sql, params)])  # IntegrityError goes up
+            if changed is not None:
+                if changed:
+                    self.bell.ring()
+                await self._after_quick_write()
+                return changed
         async with self.write_lock:
             return await self.write_locked(sql, params)
+
+    async def _after_quick_write(self) -> None:
+        if not self._quick_write.checkpoint_due:
+            await anyio.lowlevel.checkpoint()  # a checkpoint (cancel point), as every write was
+            return
+        self._quick_write.checkpointed()
+        async with self.write_lock:  # the writer connection is one statement at a time
+            try:
+                await self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error:
+                pass  # the next one is due in CHECKPOINT_EVERY commits
 
     async def write_locked(self, sql: str, params: Any) -> int:
         """:meth:`write`, for a caller that holds :attr:`write_lock`."""
@@ -139,6 +167,15 @@ class LocalDb:
             return list(await self._reader.execute_fetchall(sql, params))
         except sqlite3.Error as e:
             raise StoreError(f"{self.path}: {e}") from e
+
+    async def read_short(self, sql: str, params: Any) -> list[Any]:
+        """:meth:`read` for a few small rows: on this thread when SQLite answers at once,
+        else through the reader's thread. Still a checkpoint, as every read was."""
+        rows = self._quick_read.read(sql, params)
+        if rows is None:
+            return await self.read(sql, params)
+        await anyio.lowlevel.checkpoint()
+        return rows
 
     async def reader_function(self, name: str, fn: Callable[[Any], Any]) -> None:
         """Make the one-argument SQL function ``name`` available to reads (once)."""

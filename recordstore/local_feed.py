@@ -17,10 +17,14 @@ import anyio
 from recordstore import Change, InvalidRecord, StoreError
 from recordstore.lexicon import validate_record
 from recordstore.local_db import OP_COLS, LocalDb
+from recordstore.local_written import Written
 
 __all__ = ["changes"]
 
 _FEED_BATCH = 256
+# Once caught up, the live tail is read on the loop's thread (recordstore.local_quick) a
+# few rows at a time; a longer backlog goes through the reader's thread in full batches.
+_TAIL_BATCH = 16
 
 
 @asynccontextmanager
@@ -40,15 +44,16 @@ async def _follow(
     db: LocalDb, after: int, head: int, poll_interval: float
 ) -> AsyncIterator[Change]:
     """The op log from just after ``after``; ops past ``head`` are live."""
+    caught_up = False
     while True:
         # Arm before reading, so a write landing between the read and the
         # wait still wakes us.
         waiter = db.bell.arm()
         try:
-            rows = await db.read(
-                f"SELECT {OP_COLS} FROM ops WHERE id > ? ORDER BY id LIMIT {_FEED_BATCH}",
-                (after,),
-            )
+            batch = _TAIL_BATCH if caught_up else _FEED_BATCH
+            sql = f"SELECT {OP_COLS} FROM ops WHERE id > ? ORDER BY id LIMIT {batch}"
+            rows = await (db.read_short if caught_up else db.read)(sql, (after,))
+            caught_up = len(rows) < batch
             if not rows:
                 with anyio.move_on_after(poll_interval):
                     await waiter.wait()
@@ -56,7 +61,7 @@ async def _follow(
             db.bell.disarm(waiter)
         for row in rows:
             after = row[0]
-            yield _change(row, live=after > head)
+            yield _change(row, db.written, live=after > head)
 
 
 async def _head(db: LocalDb) -> int:
@@ -64,11 +69,13 @@ async def _head(db: LocalDb) -> int:
     return rows[0][0] if rows else 0
 
 
-def _change(row: Any, *, live: bool) -> Change:
+def _change(row: Any, written: Written, *, live: bool) -> Change:
     op_id, did, space, collection, key, op, cid, text = row
     record: dict[str, Any] | None = None
     error: str | None = None
-    if op != "delete":
+    if op != "delete" and written.validated(did, space, collection, key, cid, text):
+        record = json.loads(text)  # written and validated here a moment ago
+    elif op != "delete":
         # Rows may have been written by another version or straight into the file:
         # validate on the way out too.
         try:

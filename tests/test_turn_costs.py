@@ -6,7 +6,9 @@ they are asserted; the time each one takes is the bench's (``bench/``).
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
+from typing import Any
 
 import anyio
 import pytest
@@ -64,3 +66,24 @@ async def test_a_state_write_that_meets_another_writer_waits_for_it_and_is_kept(
         assert [c.reply_key for c in await state.claims()] == ["3kother.r0"]
     finally:
         await state.aclose()
+
+
+def test_the_api_routes_and_their_dependencies_run_on_the_event_loop():
+    """FastAPI runs a plain ``def`` endpoint or dependency in a worker thread: a thread
+    hop per request, and a turn is two requests (the POST and the stream)."""
+    from daemon.conversations import router as conversations_api
+    from daemon.http import api
+
+    def calls(dependant: Any) -> list[Any]:
+        out = []
+        for sub in dependant.dependencies:
+            out += [sub.call, *calls(sub)]
+        return out
+
+    threaded = [
+        (route.path, getattr(call, "__name__", repr(call)))
+        for route in [*api.routes, *conversations_api.routes]
+        for call in [route.endpoint, *calls(route.dependant)]
+        if not (inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call))
+    ]
+    assert threaded == []
