@@ -115,13 +115,15 @@ class LocalDb:
 
     async def write(self, sql: str, params: Any) -> int:
         """Run one write statement (its own transaction); the number of rows it changed."""
-        if not self.write_lock.locked():
-            changed = self._quick_write.write([(sql, params)])  # IntegrityError goes up
-            if changed is not None:
-                if changed:
-                    self.bell.ring()
-                await self._after_quick_write()
-                return changed
+        # Not behind write_lock: SQLite's own lock orders this write against the writer
+        # connection's (busy: None, and the write waits in line below). Taking the anyio
+        # lock first would make every write queue behind each one that went to the thread.
+        changed = self._quick_write.write([(sql, params)])  # IntegrityError goes up
+        if changed is not None:
+            if changed:
+                self.bell.ring()
+            await self._after_quick_write()
+            return changed
         async with self.write_lock:
             return await self.write_locked(sql, params)
 

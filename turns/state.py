@@ -152,6 +152,7 @@ class StateDB:
         self._inode = _inode(path) if path is not None else None
         # The per-turn writes on the loop's thread when they can be (recordstore.sqlite_quick).
         self._quick = Quick(path, read_only=False) if path is not None else None
+        self._recreating = False
 
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
@@ -183,16 +184,24 @@ class StateDB:
             "the state file %s disappeared while running; recreating it from memory", self._path
         )
         async with self._lock:
-            if _inode(self._path) is None:
-                self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                await self._db.execute("VACUUM INTO ?", (str(self._path),))
-            old, self._db = self._db, await _connect(self._path)
-            await old.close()
-            self._inode = _inode(self._path)
-            if self._quick is not None:  # it still writes the old inode
-                self._quick.close()
-                self._quick = Quick(self._path, read_only=False)
+            self._recreating = True
+            try:
+                await self._recreate()
+            finally:
+                self._recreating = False
         return True
+
+    async def _recreate(self) -> None:
+        assert self._path is not None
+        if _inode(self._path) is None:
+            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            await self._db.execute("VACUUM INTO ?", (str(self._path),))
+        old, self._db = self._db, await _connect(self._path)
+        await old.close()
+        self._inode = _inode(self._path)
+        if self._quick is not None:  # it still writes the old inode
+            self._quick.close()
+            self._quick = Quick(self._path, read_only=False)
 
     async def aclose(self) -> None:
         if self._quick is not None:
@@ -211,7 +220,9 @@ class StateDB:
         """The statements as one transaction on this thread (recordstore.sqlite_quick), or None
         (nothing written) when the caller must go through the worker thread."""
         quick = self._quick
-        if quick is None or self._lock.locked():
+        # Not behind self._lock: SQLite's own lock orders it against the worker thread's
+        # writes; only a state file being recreated (ensure_file) must not be written.
+        if quick is None or self._recreating:
             return None
         changed = quick.write(statements, many=many)
         if changed is None:
