@@ -84,11 +84,10 @@ class LocalDb:
         self.write_lock = anyio.Lock()
         self.bell: Bell = bell_for(self.path)
         self._functions: set[str] = set()
-        # Point reads and one-statement writes without a thread hop when SQLite can do
-        # them at once (recordstore.sqlite_quick); this process's own writes, which its
-        # feeds need not validate again (recordstore.local_written).
+        # Point reads without a thread hop when SQLite can do them at once
+        # (recordstore.sqlite_quick); this process's own writes, which its feeds need not
+        # validate again (recordstore.local_written).
         self._quick_read = Quick(self.path, read_only=True)
-        self._quick_write = Quick(self.path, read_only=False)
         self.written = Written()
 
     @classmethod
@@ -109,34 +108,15 @@ class LocalDb:
 
     async def aclose(self) -> None:
         self._quick_read.close()
-        self._quick_write.close()
         await self._writer.close()
         await self._reader.close()
 
     async def write(self, sql: str, params: Any) -> int:
         """Run one write statement (its own transaction); the number of rows it changed."""
-        # Not behind write_lock: SQLite's own lock orders this write against the writer
-        # connection's (busy: None, and the write waits in line below). Taking the anyio
-        # lock first would make every write queue behind each one that went to the thread.
-        changed = self._quick_write.write([(sql, params)])  # IntegrityError goes up
-        if changed is not None:
-            if changed:
-                self.bell.ring()
-            await self._after_quick_write()
-            return changed
+        # Through the worker thread, not on the loop's (recordstore.sqlite_quick): a commit
+        # is file I/O, and 1000 turns' writes at once on the loop starved their model calls.
         async with self.write_lock:
             return await self.write_locked(sql, params)
-
-    async def _after_quick_write(self) -> None:
-        if not self._quick_write.checkpoint_due:
-            await anyio.lowlevel.checkpoint()  # a checkpoint (cancel point), as every write was
-            return
-        self._quick_write.checkpointed()
-        async with self.write_lock:  # the writer connection is one statement at a time
-            try:
-                await self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except sqlite3.Error:
-                pass  # the next one is due in CHECKPOINT_EVERY commits
 
     async def write_locked(self, sql: str, params: Any) -> int:
         """:meth:`write`, for a caller that holds :attr:`write_lock`."""

@@ -18,7 +18,6 @@ import aiosqlite
 import anyio
 
 from recordstore.files import private_file
-from recordstore.sqlite_quick import Quick, Statement
 
 log = logging.getLogger("turnd.turns")
 
@@ -150,9 +149,6 @@ class StateDB:
         self.instance_id = instance_id
         self._path = path
         self._inode = _inode(path) if path is not None else None
-        # The per-turn writes on the loop's thread when they can be (recordstore.sqlite_quick).
-        self._quick = Quick(path, read_only=False) if path is not None else None
-        self._recreating = False
 
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
@@ -184,56 +180,21 @@ class StateDB:
             "the state file %s disappeared while running; recreating it from memory", self._path
         )
         async with self._lock:
-            self._recreating = True
-            try:
-                await self._recreate()
-            finally:
-                self._recreating = False
+            if _inode(self._path) is None:
+                self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                await self._db.execute("VACUUM INTO ?", (str(self._path),))
+            old, self._db = self._db, await _connect(self._path)
+            await old.close()
+            self._inode = _inode(self._path)
         return True
 
-    async def _recreate(self) -> None:
-        assert self._path is not None
-        if _inode(self._path) is None:
-            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            await self._db.execute("VACUUM INTO ?", (str(self._path),))
-        old, self._db = self._db, await _connect(self._path)
-        await old.close()
-        self._inode = _inode(self._path)
-        if self._quick is not None:  # it still writes the old inode
-            self._quick.close()
-            self._quick = Quick(self._path, read_only=False)
-
     async def aclose(self) -> None:
-        if self._quick is not None:
-            self._quick.close()
         await self._db.close()
 
     async def _run(self, sql: str, args: tuple = ()) -> int:
-        changed = await self._write_quick([(sql, args)])
-        if changed is not None:
-            return changed
         async with self._lock:
             cursor = await self._db.execute(sql, args)
             return cursor.rowcount
-
-    async def _write_quick(self, statements: list[Statement], many: bool = False) -> int | None:
-        """The statements as one transaction on this thread (recordstore.sqlite_quick), or None
-        (nothing written) when the caller must go through the worker thread."""
-        quick = self._quick
-        # Not behind self._lock: SQLite's own lock orders it against the worker thread's
-        # writes; only a state file being recreated (ensure_file) must not be written.
-        if quick is None or self._recreating:
-            return None
-        changed = quick.write(statements, many=many)
-        if changed is None:
-            return None
-        if quick.checkpoint_due:
-            quick.checkpointed()
-            async with self._lock:
-                await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        else:
-            await anyio.lowlevel.checkpoint()  # a checkpoint (cancel point), as every write was
-        return changed
 
     async def add_request(self, did: str, skey: str, user_key: str, attempt: int) -> bool:
         """Record a requested turn; False when the same request is already recorded."""
@@ -294,23 +255,18 @@ class StateDB:
             )
             for row in rows
         ]
-        insert = (
-            "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
-            " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
-            " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        )
-        timed = "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)"
-        statements: list[Statement] = [(insert, values)]
-        if timing is not None:
-            statements.append(
-                (timed, (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms))
-            )
-        if await self._write_quick(statements, many=True) is not None:
-            return
         async with self._lock:
-            await self._db.executemany(insert, values)
+            await self._db.executemany(
+                "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
+                " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
+                " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
             if timing is not None:
-                await self._db.execute(timed, statements[1][1])
+                await self._db.execute(
+                    "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)",
+                    (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms),
+                )
 
     async def reply_usage(self, did: str, skey: str) -> list[ReplyUsage]:
         """Each reply of one conversation: its steps summed, and its timing when kept."""
