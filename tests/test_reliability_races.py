@@ -74,26 +74,36 @@ async def _wait_answered(
             await anyio.sleep(0.5)
 
 
-def _check_once(
+async def _turn_lines(daemons: list[Turnd], at_least: int) -> list[dict[str, Any]]:
+    """The daemons' finished-turn log lines, once ``at_least`` are written (or 10 s passed):
+    a runner writes its line just after the final record the store already shows."""
+    with anyio.move_on_after(10):
+        while True:
+            if sum(len(d.turn_lines()) for d in daemons) >= at_least:
+                break
+            await anyio.sleep(0.1)
+    return [line for d in daemons for line in d.turn_lines()]
+
+
+async def _check_once(
     fake: FakeProc, daemons: list[Turnd], records: dict[tuple[str, str], dict[str, Any]],
     texts: dict[tuple[str, str], str],
 ) -> dict[str, Any]:
     """Generations counted three ways must agree: one per generated reply key."""
-    prompts = fake.prompts()
     generated: Counter[tuple[str, str]] = Counter()  # (skey, user key) -> complete replies
     for (skey, key), value in records.items():
         parsed = parse_reply_key(key)
         if parsed is not None and value.get("role") == "assistant":
             assert value.get("status") == "complete", (key, value)
             generated[(skey, parsed[0])] += 1
+    lines = await _turn_lines(daemons, sum(generated.values()))
+    prompts = fake.prompts()
     per_prompt_dupes = {
         texts[m]: (prompts[texts[m]], generated[m])
         for m in texts
         if prompts[texts[m]] != generated[m]
     }
-    logged = Counter(
-        (line["conversation"], line["key"]) for d in daemons for line in d.turn_lines()
-    )
+    logged = Counter((line["conversation"], line["key"]) for line in lines)
     log_dupes = {k: n for k, n in logged.items() if n != 1}
     winners = {d.name: len(d.turn_lines()) for d in daemons}
     assert not per_prompt_dupes, f"model requests != replies: {list(per_prompt_dupes.items())[:10]}"
@@ -192,7 +202,7 @@ async def _race(
     assert sum(how.values()) == MESSAGES
     wanted = {(s, f"{k}.r0") for (s, k) in texts}
     records = await _wait_answered(store, skeys, wanted, seconds=240)
-    first = _check_once(fake, daemons, records, texts)
+    first = await _check_once(fake, daemons, records, texts)
     assert first["generations"] == MESSAGES
     print(f"\nraces: {MESSAGES} messages ({dict(how)}), 0 duplicates, won by {first['by_daemon']}")
 
@@ -237,7 +247,7 @@ async def _race(
     records = await _wait_answered(store, skeys, set(), seconds=60)
     pending = [k for k, v in records.items() if v.get("status") == "pending"]
     assert not pending, pending
-    second = _check_once(fake, daemons, records, texts)
+    second = await _check_once(fake, daemons, records, texts)
     regenerated = second["generations"] - first["generations"]
     assert regenerated >= 2 * REGENERATED
     print(
