@@ -70,17 +70,6 @@ async def _account(request: Request, service: ServiceDep) -> Caller:
 AccountDep = Annotated[Caller, Depends(_account)]
 
 
-async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> ConversationAt:
-    keys.validate_space_key(skey)
-    info = await conversations.info(service.store, acct.did, skey)
-    if info is None:
-        raise HTTPException(404, f"no conversation {skey}")
-    return ConversationAt(acct.did, skey, info)
-
-
-ConversationDep = Annotated[ConversationAt, Depends(_conversation)]
-
-
 @dataclass(frozen=True, slots=True)
 class ConversationKey:
     did: str
@@ -95,6 +84,16 @@ async def _conversation_key(skey: str, acct: AccountDep) -> ConversationKey:
 
 
 ConversationKeyDep = Annotated[ConversationKey, Depends(_conversation_key)]
+
+
+async def _conversation(key: ConversationKeyDep, service: ServiceDep) -> ConversationAt:
+    info = await conversations.info(service.store, key.did, key.skey)
+    if info is None:
+        raise HTTPException(404, f"no conversation {key.skey}")
+    return ConversationAt(key.did, key.skey, info)
+
+
+ConversationDep = Annotated[ConversationAt, Depends(_conversation)]
 
 
 async def _last_event_id(  # async: a plain def would run in a worker thread (a hop)

@@ -87,7 +87,7 @@ class LocalDb:
         # Point reads without a thread hop when SQLite can do them at once
         # (recordstore.sqlite_quick); this process's own writes, which its feeds need not
         # validate again (recordstore.local_written).
-        self._quick_read = Quick(self.path, read_only=True)
+        self._quick_read = Quick(self.path)
         self.written = Written()
 
     @classmethod

@@ -22,7 +22,7 @@ from recordstore.local_written import Written
 __all__ = ["changes"]
 
 _FEED_BATCH = 256
-# Once caught up, the live tail is read on the loop's thread (recordstore.local_quick) a
+# Once caught up, the live tail is read on the loop's thread (recordstore.sqlite_quick) a
 # few rows at a time; a longer backlog goes through the reader's thread in full batches.
 _TAIL_BATCH = 16
 

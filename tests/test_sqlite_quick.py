@@ -1,4 +1,4 @@
-"""recordstore.sqlite_quick: statements on the calling thread that never wait."""
+"""recordstore.sqlite_quick: reads on the calling thread that never wait."""
 
 from __future__ import annotations
 
@@ -20,44 +20,34 @@ def db(tmp_path):
     conn.close()
 
 
-def test_writes_and_reads_are_seen_by_other_connections(db):
+def test_reads_see_other_connections_writes(db):
     path, other = db
-    writer, reader = Quick(path, read_only=False), Quick(path, read_only=True)
-    assert writer.write([("INSERT INTO t VALUES (?, ?)", ("a", "1"))]) == 1
-    assert writer.write([("INSERT INTO t VALUES (?, ?)", [("b", "2"), ("c", "3")])], many=True) == 2
-    assert other.execute("SELECT k FROM t ORDER BY k").fetchall() == [("a",), ("b",), ("c",)]
+    reader = Quick(path)
     other.execute("INSERT INTO t VALUES ('d', '4')")
     assert reader.read("SELECT v FROM t WHERE k = ?", ("d",)) == [("4",)]
-    writer.close()
     reader.close()
 
 
-def test_a_taken_key_is_the_statements_answer_and_rolls_back_the_transaction(db):
+def test_a_busy_file_does_not_hold_a_read_and_the_connection_writes_nothing(db):
     path, other = db
-    writer = Quick(path, read_only=False)
-    writer.write([("INSERT INTO t VALUES (?, ?)", ("a", "1"))])
-    with pytest.raises(sqlite3.IntegrityError):
-        writer.write([
-            ("INSERT INTO t VALUES (?, ?)", ("z", "9")),
-            ("INSERT INTO t VALUES (?, ?)", ("a", "2")),
-        ])
-    assert other.execute("SELECT k, v FROM t ORDER BY k").fetchall() == [("a", "1")]
-    writer.close()
-
-
-def test_a_busy_file_another_thread_or_a_read_only_write_answer_none(db):
-    path, other = db
-    writer, reader = Quick(path, read_only=False), Quick(path, read_only=True)
+    reader = Quick(path)
     other.execute("BEGIN IMMEDIATE")
-    assert writer.write([("INSERT INTO t VALUES (?, ?)", ("a", "1"))]) is None
+    other.execute("INSERT INTO t VALUES ('a', '1')")
     assert reader.read("SELECT count(*) FROM t", ()) == [(0,)]  # WAL: readers never wait
     other.execute("COMMIT")
-    assert reader.write([("INSERT INTO t VALUES (?, ?)", ("a", "1"))]) is None  # query_only
+    assert reader.read("INSERT INTO t VALUES ('b', '2')", ()) is None  # query_only
+    assert other.execute("SELECT k FROM t").fetchall() == [("a",)]
+    reader.close()
+
+
+def test_another_thread_or_a_closed_reader_answers_none(db):
+    path, _ = db
+    reader = Quick(path)
+    assert reader.read("SELECT 1", ()) == [(1,)]
     answers: list[object] = []
     thread = threading.Thread(target=lambda: answers.append(reader.read("SELECT 1", ())))
     thread.start()
     thread.join()
     assert answers == [None]
-    assert other.execute("SELECT count(*) FROM t").fetchall() == [(0,)]
-    writer.close()
     reader.close()
+    assert reader.read("SELECT 1", ()) is None

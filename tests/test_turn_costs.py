@@ -43,12 +43,12 @@ async def test_consecutive_turns_reuse_one_connection_to_the_model(tmp_path, fak
 
 
 async def test_a_state_write_that_meets_another_writer_waits_for_it_and_is_kept(tmp_path):
-    """The state file's quick path never waits (turns.state_quick): busy, the write goes
-    through the worker thread, which does wait, and nothing is lost."""
+    """A state write that finds the file's write lock taken waits for it on the worker
+    thread, and nothing is lost."""
     path = tmp_path / "state.sqlite3"
     state = await StateDB.open(path)
     try:
-        await state.add_claim(DID, "3kskey", "3kkey.r0")  # the quick path, uncontended
+        await state.add_claim(DID, "3kskey", "3kkey.r0")  # uncontended
         other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         other.execute("BEGIN IMMEDIATE")  # holds the file's write lock
         try:
