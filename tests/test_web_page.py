@@ -293,6 +293,16 @@ def test_markdown_streams_in_batches_with_highlighted_code(page: Any, api: httpx
     shot(page, "25-code-dark")
 
 
+@pytest.fixture
+def preferences_restored(api: httpx.Client) -> Iterator[None]:
+    """The account's preferences as they were, even when the test fails half way."""
+    before = api.get("/api/preferences").json()["preferences"] or {}
+    before.pop("updatedAt", None)
+    yield
+    api.put("/api/preferences", json={"preferences": before}).raise_for_status()
+
+
+@pytest.mark.usefixtures("preferences_restored")
 def test_settings_panel_writes_the_preferences_record(page: Any, api: httpx.Client) -> None:
     page.get_by_role("button", name="Settings").click()
     dialog = page.locator("#settings")
@@ -314,6 +324,7 @@ def test_settings_panel_writes_the_preferences_record(page: Any, api: httpx.Clie
     # The composer takes the account's defaults, after a reload too.
     page.reload()
     page.locator("#app").wait_for(state="visible")
+    # Read the moment the page shows: the defaults are in place before the composer appears.
     assert page.locator("#model").input_value() == "fake:fake-large"
     assert page.locator("#effort").input_value() == "high"
     # Clearing the defaults takes them out of the record; titles back on.

@@ -137,9 +137,11 @@ async function signIn(token) {
     return;
   }
   $('signin').hidden = true;
-  $('app').hidden = false;
   fillModels();
+  // The composer shows the account's default model from its first frame, not a flip after it.
   await Promise.all([loadPreferences(), loadTools()]).catch(showError);
+  if (!state.token) return; // refused meanwhile: the sign-in form is showing
+  $('app').hidden = false;
   followAccount();
   await loadConversations();
   await selectConversation(location.hash.startsWith('#c=') ? location.hash.slice(3) : null);
