@@ -151,8 +151,9 @@ class LocalDb:
             raise StoreError(f"{self.path}: {e}") from e
 
     async def read_short(self, sql: str, params: Any) -> list[Any]:
-        """:meth:`read` for a few small rows: on this thread when SQLite answers at once,
-        else through the reader's thread. Still a checkpoint, as every read was."""
+        """:meth:`read` for a point read or a page along the primary key: on this thread
+        when SQLite answers at once, else through the reader's thread. Still a
+        checkpoint, as every read was."""
         rows = self._quick_read.read(sql, params)
         if rows is None:
             return await self.read(sql, params)

@@ -38,7 +38,9 @@ async def space_page(
 ) -> tuple[list[Record], str | None]:
     """One space's records of ``collection`` in key order (checked arguments)."""
     where = "did = ? AND space = ? AND collection = ?"
-    records, more = await _page(db, where, [did, space, collection], "key", cursor, limit, reverse)
+    records, more = await _page(
+        db, where, [did, space, collection], "key", cursor, limit, reverse, quick=True
+    )
     return records, (records[-1].key if more else None)
 
 
@@ -60,15 +62,22 @@ async def _page(
     cursor: str | None,
     limit: int,
     descending: bool,
+    *,
+    quick: bool = False,
 ) -> tuple[list[Record], bool]:
-    """Up to ``limit`` records after ``cursor`` in ``order_by`` order, and whether more follow."""
+    """Up to ``limit`` records after ``cursor`` in ``order_by`` order, and whether more follow.
+
+    ``quick``: the page walks the primary key (one space's records), so it is read on the
+    loop's thread when SQLite can answer at once (``LocalDb.read_short``): a turn reads its
+    conversation this way, and the hop to the reader's thread cost more than the read. The
+    rows' JSON is parsed on the loop's thread either way."""
     after, order = ("<", "DESC") if descending else (">", "ASC")
     sql = f"SELECT {RECORD_COLS} FROM records WHERE {where}"
     if cursor is not None:
         sql += f" AND {order_by} {after} ?"
         params = [*params, cursor]
     sql += f" ORDER BY {order_by} {order} LIMIT ?"
-    rows = await db.read(sql, [*params, limit + 1])
+    rows = await (db.read_short if quick else db.read)(sql, [*params, limit + 1])
     return [record_of(r) for r in rows[:limit]], len(rows) > limit
 
 
