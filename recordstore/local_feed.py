@@ -46,22 +46,26 @@ async def _follow(
     """The op log from just after ``after``; ops past ``head`` are live."""
     caught_up = False
     while True:
-        # Arm before reading, so a write landing between the read and the
-        # wait still wakes us.
+        # Armed before the read and kept until the wait, so a write landing at any
+        # point after the read began (while its rows are handled, too) wakes us.
         waiter = db.bell.arm()
         try:
             batch = _TAIL_BATCH if caught_up else _FEED_BATCH
             sql = f"SELECT {OP_COLS} FROM ops WHERE id > ? ORDER BY id LIMIT {batch}"
             rows = await (db.read_short if caught_up else db.read)(sql, (after,))
             caught_up = len(rows) < batch
-            if not rows:
+            for row in rows:
+                after = row[0]
+                yield _change(row, db.written, live=after > head)
+            if caught_up:
+                # A short batch was the whole log as of the read: read again when a
+                # write rings (at once if one did meanwhile) or another process's
+                # may have landed, not straight away (that read found nothing:
+                # half of the feed's reads, one per write, before).
                 with anyio.move_on_after(poll_interval):
                     await waiter.wait()
         finally:
             db.bell.disarm(waiter)
-        for row in rows:
-            after = row[0]
-            yield _change(row, db.written, live=after > head)
 
 
 async def _head(db: LocalDb) -> int:
