@@ -74,6 +74,12 @@ async def _read_reply(http: httpx.AsyncClient, url: str, out: StreamResult) -> S
             raise RuntimeError(f"GET {url}: {response.status_code} {response.text[:200]}")
         buf = b""
         async for chunk in response.aiter_raw():
+            if out.status is not None:
+                # Read to the end of the body (turnd ends it after the status), as a
+                # keep-alive client does: left half-read, the connection could not be
+                # used again and every turn would connect anew (the bare client reads
+                # its streams to the end too).
+                continue
             t = now()
             buf += chunk
             cut = buf.rfind(b"\n\n")
@@ -95,9 +101,14 @@ async def _read_reply(http: httpx.AsyncClient, url: str, out: StreamResult) -> S
             if at >= 0:
                 line = complete[at + len(_STATUS) :].split(b"\n", 1)[0]
                 out.status = line.removeprefix(b"data: ").decode()
-                break
     out.end = now()
     return out
+
+
+# Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under
+# us (a POST on a connection the server is closing fails with ReadError). Both clients,
+# turnd's and the bare one, keep as many connections alive as they use at once.
+KEEPALIVE_EXPIRY = 2.0
 
 
 def api_client(base_url: str, token: str, connections: int = 64) -> httpx.AsyncClient:
@@ -106,10 +117,8 @@ def api_client(base_url: str, token: str, connections: int = 64) -> httpx.AsyncC
         headers={"Authorization": f"Bearer {token}"},
         # A loop busy starting hundreds of turns accepts late: the many-streams run waits.
         timeout=httpx.Timeout(120, connect=60),
-        # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them
-        # under us (a POST on a connection the server is closing fails with ReadError).
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
-                            keepalive_expiry=2.0),
+                            keepalive_expiry=KEEPALIVE_EXPIRY),
     )
 
 
@@ -166,9 +175,30 @@ def _per_token(first: float | None, last: float | None, tokens: int) -> float | 
     return (last - first) / (tokens - 1)
 
 
-def bare_client(base_url: str) -> openai.AsyncOpenAI:
+def bare_client(base_url: str, connections: int | None = None) -> openai.AsyncOpenAI:
+    """The stock client; with ``connections``, its pool keeps that many alive (its
+    default keeps 100, so 200 concurrent streams would connect anew each time)."""
+    http = None
+    if connections is not None:
+        import httpx2  # the openai SDK's HTTP client
+
+        http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(
+            max_connections=connections, max_keepalive_connections=connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY))
     return openai.AsyncOpenAI(base_url=base_url, api_key="sk-bench-fake", max_retries=0,
-                              timeout=120)
+                              timeout=120, http_client=http)
+
+
+async def warm_bare(client: openai.AsyncOpenAI, n: int) -> None:
+    """``n`` connections open in the bare client's pool (``n`` model lists at once), as
+    the conversations created before a timed batch open turnd's client's."""
+
+    async def one() -> None:
+        await client.models.list()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(one)
 
 
 async def bare_stream(client: openai.AsyncOpenAI) -> TurnSample:

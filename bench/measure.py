@@ -168,9 +168,15 @@ async def streaming(turnd: TurndProc, fake: FakeModelProc, runs: int, streams: i
     ``stream_incomplete`` the turns that did not end ``complete``."""
     out = []
     conns = 2 * streams + 16
-    async with c.api_client(turnd.base_url, turnd.token, conns) as http, c.bare_client(fake.base_url) as bare:
+    async with (
+        c.api_client(turnd.base_url, turnd.token, conns) as http,
+        c.bare_client(fake.base_url, conns) as bare,
+    ):
 
         async def bare_batch(n: int = streams) -> tuple[float, int, float]:
+            # Both clients start a timed batch with ``n`` connections open: turnd's
+            # from creating the conversations, the bare one's from this.
+            await c.warm_bare(bare, n)
             cpu0, t0 = time.process_time(), c.now()
             got = await _gather([lambda: c.bare_stream(bare)] * n)
             wall, cpu = c.now() - t0, time.process_time() - cpu0
