@@ -279,7 +279,8 @@ async def stream(
 
 
 async def _sse_bytes(source: _StreamSource) -> AsyncIterator[bytes]:
-    """The reply's events framed by fastapi.sse, everything available sent in one write.
+    """The reply's events as SSE (framed by fastapi.sse), everything available sent in
+    one write.
 
     fastapi's generator route sends each event through two task hops and its own
     write; batching what has accumulated is what keeps 200 streams cheap.
@@ -291,13 +292,9 @@ async def _sse_bytes(source: _StreamSource) -> AsyncIterator[bytes]:
             event="status", data_str=json.dumps(source.stored), id=str(source.after + 1)
         )
         return
-    async for batch in source.buffer.batches(source.after, idle=KEEPALIVE_SECONDS):
-        if not batch:
-            yield KEEPALIVE_COMMENT  # idle proxies must not close a quiet stream
-            continue
-        yield b"".join(
-            format_sse_event(event=ev.event, data_str=ev.data, id=str(ev.id)) for ev in batch
-        )
+    async for framed in source.buffer.frames(source.after, idle=KEEPALIVE_SECONDS):
+        # Framed once when published, however many subscribers the reply has.
+        yield framed or KEEPALIVE_COMMENT  # idle proxies must not close a quiet stream
 
 
 @api.post("/attachments")

@@ -9,7 +9,7 @@ from turns.streams import StreamBuffer
 
 
 def events(buffer: StreamBuffer) -> list[tuple[str, dict]]:
-    return [(e.event, json.loads(e.data)) for e in buffer._events]
+    return [(e.event, json.loads(e.data)) for e in buffer.published()]
 
 
 def test_deltas_join_into_runs_in_order_with_their_events() -> None:

@@ -74,3 +74,58 @@ async def test_the_registry_reopens_a_finished_reply_with_a_fresh_buffer() -> No
     second = registry.open("did:plc:a", "s", "k.r0")
     assert second is not first and registry.get("did:plc:a", "s", "k.r0") is second
     assert registry.get("did:plc:a", "s", "other") is None
+
+
+TRICKY = ["tok", 'a "quoted" \\ text', "line\nbreak\r\nand\rcr", "\u2028\u2029\x85", "emoji 🙂", ""]
+
+
+async def test_frames_are_what_fastapi_sse_frames_and_resume_from_the_packed_buffer() -> None:
+    from fastapi.sse import format_sse_event
+
+    buffer = StreamBuffer()
+    buffer.publish("part-start", {"index": 0, "type": "text"})
+    for text in TRICKY:
+        buffer.publish_delta(0, text)
+    buffer.publish("status", {"status": "complete"})
+    events = buffer.published()
+    expected = [
+        format_sse_event(event=e.event, data_str=e.data, id=str(e.id)) for e in events
+    ]
+    assert [json.loads(e.data)["text"] for e in events[1:-1]] == TRICKY
+    live = b"".join(expected)
+    assert buffer.framed_after(0) == live
+    buffer.close()  # packed from here on
+    for after in range(len(expected) + 1):
+        assert buffer.framed_after(after) == b"".join(expected[after:])
+        with anyio.fail_after(5):
+            got = b"".join([f async for f in buffer.frames(after)])
+        assert got == b"".join(expected[after:])
+    assert [e[0] for e in await _all(buffer, 3)] == list(range(4, len(expected) + 1))
+
+
+async def test_a_subscriber_reading_across_the_close_gets_every_frame_once() -> None:
+    buffer = StreamBuffer()
+    got: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+
+        async def read() -> None:
+            async for framed in buffer.frames(0):
+                got.append(framed)
+
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()
+        buffer.publish_delta(0, "a")
+        await anyio.wait_all_tasks_blocked()
+        buffer.publish_delta(0, "b")
+        buffer.publish("status", {"status": "complete"})
+        buffer.close()  # packed before the reader looks again
+    assert b"".join(got) == buffer.framed_after(0)
+    assert len(got) == 2 and b"id: 1\n" in got[0] and got[1].count(b"\n\n") == 2
+
+
+async def test_a_quiet_stream_yields_an_empty_frame_for_the_keepalive() -> None:
+    buffer = StreamBuffer()
+    with anyio.fail_after(5):
+        async for framed in buffer.frames(0, idle=0.01):
+            assert framed == b""
+            break

@@ -31,7 +31,13 @@ import anyio.abc
 
 from turns.cluster.control import Address
 from turns.cluster.link import RedisLink
-from turns.streams import KEEP_SECONDS, StreamBuffer, StreamEvent, StreamRegistry
+from turns.streams import (
+    KEEP_SECONDS,
+    StreamBuffer,
+    StreamEvent,
+    StreamRegistry,
+    frame_events,
+)
 
 log = logging.getLogger("turnd.cluster")
 
@@ -88,10 +94,7 @@ class MirroredBuffer(StreamBuffer):
         if self._open_chunks:
             text = json.dumps("".join(self._open_chunks), ensure_ascii=False)
             self._open_chunks = []
-            if self._closed_at is None:
-                self._events.append(
-                    StreamEvent(len(self._events) + 1, "delta", f'{{"index":{self._open_index},"text":{text}}}')
-                )
+            self._append_delta(self._open_index, text)
 
     async def mirror(self, link: RedisLink, key: str) -> None:
         """Copy the buffer into the Redis Stream ``key`` until it ends (or Redis fails)."""
@@ -109,9 +112,9 @@ class MirroredBuffer(StreamBuffer):
                         maxlen=MAXLEN, approximate=True,
                     )
                 # close() settles the open delta, so a closed buffer has nothing pending.
-                ended = self.done and batch[-1].id == len(self._events)
+                ended = self.done and batch[-1].id == self._count
                 if ended:
-                    pipe.xadd(key, {"e": ""}, id=f"{len(self._events)}-2")
+                    pipe.xadd(key, {"e": ""}, id=f"{self._count}-2")
                     pipe.expire(key, END_TTL)
                 else:
                     pipe.expire(key, LIVE_TTL)
@@ -119,7 +122,7 @@ class MirroredBuffer(StreamBuffer):
                 if ended:
                     return
             # follow() returned: closed and every event already written by an earlier batch.
-            await _end(redis, key, len(self._events))
+            await _end(redis, key, self._count)
         except _redis_errors() as err:
             link.mark_down(err)
             log.warning("cluster: stream %s not mirrored any more: %s", key, type(err).__name__)
@@ -165,6 +168,11 @@ class RemoteStream:
         async for batch in self._batches(max(after, 0), idle):
             yield batch
         self.done = True
+
+    async def frames(self, after: int = 0, idle: float = math.inf) -> AsyncIterator[bytes]:
+        """:meth:`batches` as SSE (what the stream route sends)."""
+        async for batch in self.batches(after, idle):
+            yield frame_events(batch)
 
     async def _batches(self, last: int, idle: float) -> AsyncIterator[list[StreamEvent]]:
         first = last
