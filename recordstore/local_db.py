@@ -20,7 +20,7 @@ from recordstore import CONVERSATION_REF, StoreError
 from recordstore.files import private_dir, private_file
 from recordstore.local_bell import Bell, bell_for
 from recordstore.local_written import Written
-from recordstore.sqlite_quick import Quick
+from recordstore.sqlite_quick import CACHE, Quick
 
 __all__ = ["DB_NAME", "NEWEST_INDEXES", "OP_COLS", "RECORD_COLS", "LocalDb"]
 
@@ -210,6 +210,7 @@ async def _connect(db_path: Path) -> aiosqlite.Connection:
         # In WAL mode NORMAL survives a killed process; only power loss may drop
         # the last commits.
         await db.execute("PRAGMA synchronous = NORMAL")
+        await db.execute(CACHE)
     except sqlite3.Error as e:
         await db.close()
         raise StoreError(f"{db_path}: not a turnd store ({e})") from None

@@ -19,7 +19,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Quick"]
+__all__ = ["CACHE", "Quick"]
+
+# The store's page cache per connection: 1 MB, not SQLite's 2 MB default. A reader's is
+# cleared whenever another connection wrote since its last read (WAL), nearly every read
+# in a running daemon; the writer's holds the pages its inserts walk. Half the default
+# took ~1.3 MB off RSS after 1000 turns (SPEC §10's growth) for no measured CPU.
+CACHE = "PRAGMA cache_size = -1000"  # KiB
 
 
 class Quick:
@@ -53,6 +59,7 @@ class Quick:
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout = 0")
             conn.execute("PRAGMA query_only = 1")
+            conn.execute(CACHE)
         except sqlite3.Error:
             self._broken = True
             return None
