@@ -6,16 +6,44 @@ The SDK's validators hold the grammars; ``datetime`` adds year 0000, which Pytho
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from collections.abc import Callable
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
-
-from atproto_client.models import string_formats
 
 from recordstore.lexicon_data import Fail, check_cid
 
 __all__ = ["FORMATS", "check_format", "is_type_name", "sdk_format"]
+
+
+
+def _sdk_string_formats() -> ModuleType:
+    """The SDK's ``atproto_client.models.string_formats``, without its package.
+
+    Importing it the usual way runs ``atproto_client/__init__``, which loads the whole XRPC
+    client and its generated namespaces (about a second of CPU on every daemon start) that
+    the embedded store never uses; the module itself needs only ``atproto_core`` and
+    pydantic. Found through the package's import spec (which does not run the package), so
+    it is the installed SDK's own file; kept under a private name, so a later import of the
+    SDK proper gets its own copy as usual.
+    """
+    name = "_turnd_sdk_string_formats"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("atproto_client")
+    assert package is not None and package.submodule_search_locations, "atproto is installed"
+    path = f"{package.submodule_search_locations[0]}/models/string_formats.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+string_formats = _sdk_string_formats()
 
 # The atproto datetime grammar; the SDK's validator below adds the calendar checks.
 _DATETIME = re.compile(
