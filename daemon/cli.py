@@ -23,6 +23,7 @@ from typing import NoReturn
 
 import anyio
 
+import daemon.lean  # noqa: F401 - first, before anything imports httpx
 from daemon.accounts import CREDENTIALS_FILE, Account, ensure_credentials
 from daemon.config import Config, load_config
 from daemon.config_file import ConfigError
