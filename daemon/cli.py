@@ -96,12 +96,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         anyio.run(run)
     except BaseException as exc:  # noqa: BLE001 - unwrap anyio's groups for one line
+        if service.stopped_at_once:
+            _exit_now(130)
         error = leaf(exc)
         if isinstance(error, ServiceError | ConfigError):
             return fail(str(error))
         if _interrupted(exc):
             return 130
         raise
+    if service.stopped_at_once:
+        # "exiting now": a store query still on its worker thread would otherwise end
+        # after the loop closed and print that thread's traceback during teardown.
+        _exit_now(130)
     return EXIT_OK
 
 
@@ -255,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _exit_now(code: int) -> NoReturn:
-    """End ``turnd send`` without the interpreter's teardown.
+    """End ``turnd send`` (or ``serve`` after a second signal) without the interpreter's teardown.
 
     Freeing the module graph the atproto SDK builds (~700 pydantic model classes) took
     longer than the send itself: 0.8-1.2 s of a 2-3 s wall on a loaded 2-core machine.

@@ -126,6 +126,7 @@ class Service:
         self.providers: dict[str, Provider] = dict(config.providers)
         self.port: int | None = None  # the bound port (differs from config with port 0)
         self._stop = anyio.Event()
+        self.stopped_at_once = False  # a second signal: nothing left is waited for
         self._feed: FeedFollower | None = None
         # Loaded now, so a bad plugin name is a config error before anything starts.
         self.plugins = engine_parts.load_plugins(config.plugins)
@@ -226,6 +227,7 @@ class Service:
                     self._stop.set()
                 else:
                     log.warning("%s again: exiting now", name)
+                    self.stopped_at_once = True
                     scope.cancel()
                     return
 

@@ -129,7 +129,10 @@ async def test_posted_on_one_streamed_on_another_resumed_on_a_third(
         assert _cluster_flag(d1) == (200, True)
         skey = _conversation(d0)
         reply = _post(d0, skey, "across instances")["replyKey"]
-        first = await _events(d1, skey, reply, stop_after=5)
+        # Three events (step, part-start, a delta) always leave the rest to resume:
+        # the runner merges deltas between its mirror's reads, so under load a
+        # reply can have as few as four events in all.
+        first = await _events(d1, skey, reply, stop_after=3)
         rest = await _events(d2, skey, reply, after=first[-1]["id"])
         events = first + rest
         assert [e["id"] for e in events] == list(range(1, len(events) + 1)), "once each, in order"
@@ -239,9 +242,17 @@ async def test_redis_killed_mid_stream_and_restarted(
             assert [e["id"] for e in events] == list(range(1, len(events) + 1))
         assert "".join(e["data"]["text"] for e in local if e["event"] == "delta") == reply_text(stored)
         # A turn started while Redis is down runs on in-process streams.
-        during = _post(d1, skey, "while Redis is down")
+        # Which instance claims a posted message is a race (the others' change feeds
+        # read the shared store every 0.2 s), so post until this one claims one.
+        posted_down = []
+        for attempt in range(5):
+            posted_down.append(f"while Redis is down ({attempt})")
+            during = _post(d1, skey, posted_down[-1])
+            assert during["turn"] in ("claimed", "answered"), during
+            assert _final(d1, skey, during["replyKey"])["status"] == "complete"
+            if during["turn"] == "claimed":
+                break
         assert during["turn"] == "claimed"
-        assert _final(d1, skey, during["replyKey"])["status"] == "complete"
 
         redis_server.start()
         wait_until(
@@ -256,12 +267,8 @@ async def test_redis_killed_mid_stream_and_restarted(
             _final(d2, skey, again)
         )
         # One generation per reply, whatever Redis did.
-        prompts = _generations(
-            fake, ["through a Redis outage", "while Redis is down", "after the restart"]
-        )
-        assert prompts == {
-            "through a Redis outage": 1, "while Redis is down": 1, "after the restart": 1
-        }
+        texts = ["through a Redis outage", *posted_down, "after the restart"]
+        assert _generations(fake, texts) == dict.fromkeys(texts, 1)
 
 
 async def test_a_quota_is_shared_by_the_instances(tmp_path: Path, redis_server: RedisServer) -> None:
