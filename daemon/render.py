@@ -21,10 +21,13 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from daemon.render_worker import READY
+
 __all__ = ["MAX_RENDER_BYTES", "RENDER_SECONDS", "RenderPool", "RenderTooComplex"]
 
 MAX_RENDER_BYTES = 1_048_576  # text of one request, all texts together (UTF-8)
 RENDER_SECONDS = 2.0
+START_SECONDS = 60.0  # a worker's imports, on a machine as loaded as a CI run's
 WORKERS = 2  # the workers' CPU is bounded by this many at once
 
 
@@ -37,6 +40,12 @@ class _Worker:
         self.process = process
         assert process.stdout is not None and process.stdin is not None
         self._out = BufferedByteReceiveStream(process.stdout)
+
+    async def ready(self) -> None:
+        """Wait for the worker's imports (its first byte), outside any render's clock."""
+        with anyio.fail_after(START_SECONDS):
+            if await self._out.receive_exactly(1) != READY:
+                raise RuntimeError("the render worker started with unexpected output")
 
     async def render(self, texts: list[str]) -> list[str]:
         assert self.process.stdin is not None
@@ -84,7 +93,13 @@ class RenderPool:
         process = await anyio.open_process(
             [sys.executable, "-m", "daemon.render_worker"], stderr=None
         )
-        return _Worker(process)
+        worker = _Worker(process)
+        try:
+            await worker.ready()
+        except BaseException:
+            await worker.kill()
+            raise
+        return worker
 
     async def aclose(self) -> None:
         while self._idle:

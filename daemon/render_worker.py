@@ -1,7 +1,7 @@
 """The render worker process: ``python -m daemon.render_worker`` (see daemon.render).
 
-Reads requests from stdin and answers on stdout, each an 8-byte big-endian length
-and a JSON body: a list of Markdown texts in, a list of HTML strings out. It
+Once imported it writes one byte (:data:`READY`); then it reads requests from
+stdin and answers on stdout, each an 8-byte big-endian length and a JSON body: a list of Markdown texts in, a list of HTML strings out. It
 imports nothing of the server, so it starts in a fraction of a second, and it
 ends when its stdin closes (the daemon went away).
 """
@@ -14,6 +14,8 @@ import signal
 import sys
 
 from daemon.markdown import render_many
+
+READY = b"R"  # the one byte a started worker writes before it reads any request
 
 
 def _read(stream: object, n: int) -> bytes:
@@ -34,6 +36,10 @@ def main() -> int:
     # worker ends (it closes stdin or kills it), so the worker prints no traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # Imported: ready. The daemon starts a render's clock only after this byte, so a
+    # worker slow to start on a loaded machine is not taken for a text too complex.
+    stdout.write(READY)
+    stdout.flush()
     while True:
         header = _read(stdin, 8)
         if not header:
