@@ -11,7 +11,6 @@ to the reply's buffer, and finish: ``message:afterModel``, put the final record,
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import time
@@ -37,6 +36,7 @@ from turns import conversations, records
 from turns.accounting import Books, TurnAccount
 from turns.address import Start, TurnAddress
 from turns.approval import ApprovalGate, Approvals
+from turns.claim_row import load_with_claim_row
 from turns.conversations import Conversation
 from turns.final_writes import FinalWrites
 from turns.generate import run_steps, scrub
@@ -147,7 +147,7 @@ class Turn:
             finally:
                 await s.limiter.exit_queue(a.did, slot)
         # 1. Load, once per turn (and step 4's claim row meanwhile).
-        self.conversation = await self._load_with_claim_row()
+        self.conversation = await load_with_claim_row(s.store, state, a)
         user_message = self.conversation.messages.get(a.user_key)
         if user_message is None:
             await state.drop_claim(a.did, a.skey, a.reply)
@@ -198,35 +198,6 @@ class Turn:
         buffer.publish("status", {"status": "error", "error": message})
         buffer.close()
 
-    async def _load_with_claim_row(self) -> Conversation:
-        """The conversation, read while the claim row is written on the state file's
-        thread: the row must only precede the placeholder (a crash right after the
-        create still finds it), and its hop took as long as the load (~1 ms at load,
-        README, issue 18, fourth round). A row left by a turn that claims nothing is
-        dropped; one a crash leaves is dropped at the next start (``TurnEngine.recover``)."""
-        a, s = self.address, self._s
-        failed: list[Exception] = []
-
-        async def claim_row() -> None:
-            try:
-                await s.state.add_claim(a.did, a.skey, a.reply)
-            except Exception as exc:  # noqa: BLE001 - raised below, as the load's would be
-                failed.append(exc)
-
-        conversation: Conversation | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(claim_row)
-            try:
-                conversation = await conversations.load(s.store, a.did, a.skey)
-            except Exception as exc:  # noqa: BLE001 - raised below, after the row's write
-                failed.insert(0, exc)
-        if conversation is None or failed:
-            if conversation is None:
-                with contextlib.suppress(Exception):  # a stray row is harmless (see above)
-                    await s.state.drop_claim(a.did, a.skey, a.reply)
-            raise failed[0]
-        return conversation
-
     # -- 3. the rate limit -----------------------------------------------------------------
 
     async def _wait_in_queue(self) -> bool:
@@ -270,7 +241,7 @@ class Turn:
         # `pending` and subscribes at once must find the live stream, not a stored status.
         self.buffer = self.buffer or s.streams.open(a.did, a.skey, a.reply)
         s.running[a] = self
-        # The claim row is written by now (_load_with_claim_row).
+        # The claim row is written by now (load_with_claim_row).
         try:
             claimed = await s.store.create_record(a.did, a.skey, MESSAGE, a.reply, self.placeholder)
         except RecordExists:

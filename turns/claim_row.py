@@ -1,0 +1,48 @@
+"""Step 1 with step 4's claim row: the conversation, read while the row is written.
+
+The claim row (in the state file) must only precede the placeholder, so that a
+crash right after the create still finds it; its hop took as long as the load
+(~1 ms at load, README, issue 18, fourth round), so the two run side by side. A
+row left by a turn that claims nothing is dropped; one a crash leaves is dropped
+at the next start (``TurnEngine.recover``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import anyio
+
+from recordstore import RecordStore
+from turns import conversations
+from turns.address import TurnAddress
+from turns.conversations import Conversation
+from turns.state import StateDB
+
+__all__ = ["load_with_claim_row"]
+
+
+async def load_with_claim_row(store: RecordStore, state: StateDB, a: TurnAddress) -> Conversation:
+    """The conversation of ``a``, with its claim row written meanwhile; the load's
+    error first if both fail (the row is then dropped, as a stray one would be)."""
+    failed: list[Exception] = []
+
+    async def claim_row() -> None:
+        try:
+            await state.add_claim(a.did, a.skey, a.reply)
+        except Exception as exc:  # noqa: BLE001 - raised below, as the load's would be
+            failed.append(exc)
+
+    conversation: Conversation | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(claim_row)
+        try:
+            conversation = await conversations.load(store, a.did, a.skey)
+        except Exception as exc:  # noqa: BLE001 - raised below, after the row's write
+            failed.insert(0, exc)
+    if conversation is None or failed:
+        if conversation is None:
+            with contextlib.suppress(Exception):  # a stray row is harmless (see above)
+                await state.drop_claim(a.did, a.skey, a.reply)
+        raise failed[0]
+    return conversation
