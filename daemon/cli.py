@@ -96,18 +96,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         anyio.run(run)
     except BaseException as exc:  # noqa: BLE001 - unwrap anyio's groups for one line
-        if service.stopped_at_once:
-            _exit_now(130)
         error = leaf(exc)
         if isinstance(error, ServiceError | ConfigError):
             return fail(str(error))
         if _interrupted(exc):
             return 130
         raise
-    if service.stopped_at_once:
-        # "exiting now": a store query still on its worker thread would otherwise end
-        # after the loop closed and print that thread's traceback during teardown.
-        _exit_now(130)
+    finally:
+        if service.stopped_at_once:
+            # "exiting now": a store query still on its worker thread would otherwise end
+            # after the loop closed and print that thread's traceback during teardown.
+            _exit_now(130)
     return EXIT_OK
 
 

@@ -1,9 +1,10 @@
 """The render worker process: ``python -m daemon.render_worker`` (see daemon.render).
 
 Once imported it writes one byte (:data:`READY`); then it reads requests from
-stdin and answers on stdout, each an 8-byte big-endian length and a JSON body: a list of Markdown texts in, a list of HTML strings out. It
-imports nothing of the server, so it starts in a fraction of a second, and it
-ends when its stdin closes (the daemon went away).
+stdin and answers on stdout, each an 8-byte big-endian length and a JSON body: a
+list of Markdown texts in, a list of HTML strings out. It imports nothing of the
+server, so it starts in a fraction of a second, and it ends when its stdin closes
+(the daemon went away).
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from recordstore.lexicon_data import Fail, check_cid
 __all__ = ["FORMATS", "check_format", "is_type_name", "sdk_format"]
 
 
-
 def _sdk_string_formats() -> ModuleType:
     """The SDK's ``atproto_client.models.string_formats``, without its package.
 
