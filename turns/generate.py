@@ -22,6 +22,7 @@ import openai
 
 from plugins.api import Tool, ToolContext
 from turns.context import ContextWindow, PromptTooLong, too_long
+from turns.models import CHAT_OPTIONS
 from turns.outcomes import ModelFailed, TurnFailed, Usage
 from turns.parts import PartsBuilder
 from turns.provider_errors import error_text, failure_text
@@ -150,10 +151,6 @@ async def _call_step(
     return await caller.call(step, {**base, "messages": messages}, stream, usage)
 
 
-# What create() sends for a chat call: the bearer key only (never an admin key).
-_CHAT_OPTIONS: dict[str, Any] = {"security": {"bearer_auth": True}}
-
-
 @asynccontextmanager
 async def _chat_stream(client: openai.AsyncOpenAI, body: dict[str, Any]) -> AsyncIterator[httpx2.Response]:
     """POST the chat body through the client (its base URL, auth, retries, error types),
@@ -163,7 +160,7 @@ async def _chat_stream(client: openai.AsyncOpenAI, body: dict[str, Any]) -> Asyn
     params (no aliases, no formats) back unchanged, at ~0.3 ms a call (README, issue
     18, fourth round)."""
     response = await client.post(
-        "/chat/completions", cast_to=httpx2.Response, body=body, options=_CHAT_OPTIONS,  # type: ignore[arg-type]
+        "/chat/completions", cast_to=httpx2.Response, body=body, options=CHAT_OPTIONS,  # type: ignore[arg-type]
         stream=True, stream_cls=None,
     )
     try:

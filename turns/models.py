@@ -71,6 +71,11 @@ def _ref(value: Mapping[str, Any]) -> dict[str, str]:
     return {"provider": value["provider"], "id": value["id"]}
 
 
+# What create() sends for a chat call: the bearer key only (never an admin key). The
+# turn's steps (turns.generate) and the titles (turns.titles) post their bodies with it.
+CHAT_OPTIONS: dict[str, Any] = {"security": {"bearer_auth": True}}
+
+
 @cache
 def _tls_context() -> ssl.SSLContext:
     """The TLS settings every provider's client would build for itself (the same defaults),

@@ -21,7 +21,7 @@ import openai
 
 from recordstore import INFO, MESSAGE, InvalidSwap, RecordExists, RecordStore, StoreError
 from recordstore.times import now_iso
-from turns.models import Clients, ModelResolutionError, parse_model
+from turns.models import CHAT_OPTIONS, Clients, ModelResolutionError, parse_model
 from turns.parts import TEXT
 from turns.provider_errors import failure_text, name_provider, without_keys
 from turns.settings import TurnSettings
@@ -89,6 +89,20 @@ def _text(value: Mapping[str, Any]) -> str:
         if isinstance(p, Mapping) and p.get("$type") == TEXT and isinstance(p.get("text"), str)
     ]
     return "\n".join(texts)[:_INPUT_CHARS]
+
+
+def _answer(response: Any) -> tuple[dict[str, Any] | None, Any]:
+    """A chat completion's usage and first message's content, as ``create()`` read them;
+    a body of another shape (the SDK hands back a non-JSON body as text) is a failure,
+    as the attribute errors on ``create()``'s answer were."""
+    if not isinstance(response, dict):
+        raise TypeError(f"the title model answered {type(response).__name__}, not JSON")
+    usage = response.get("usage")
+    choices = response.get("choices")
+    if not choices:
+        return (usage if isinstance(usage, dict) else None), None
+    message = choices[0]["message"]
+    return (usage if isinstance(usage, dict) else None), message.get("content")
 
 
 class NoTitle(Exception):  # noqa: N818 - an outcome, carrying its reason
@@ -189,12 +203,19 @@ class Titles:
         except (ValueError, ModelResolutionError) as exc:
             log.warning("no title: %s", exc)
             raise NoTitle(f"no title model: {exc}") from None
+        body = {
+            "messages": title_request(_text(ask.user_message), _text(ask.reply)),
+            "model": ref["id"],
+            "max_tokens": 32,
+            "stream": False,
+        }
         try:
-            response = await client.chat.completions.create(
-                model=ref["id"],
-                messages=title_request(_text(ask.user_message), _text(ask.reply)),
-                max_tokens=32,
-                stream=False,
+            # The client's base URL, auth, retries and errors, as create() would use; the
+            # answer as JSON, not a ChatCompletion: create() ran the body through the SDK's
+            # TypedDict transform and built pydantic objects of the answer, most of a
+            # title's CPU (README, issue 18, fifth round).
+            response = await client.post(
+                "/chat/completions", cast_to=dict, body=body, options=CHAT_OPTIONS,  # type: ignore[arg-type]
             )
         except openai.OpenAIError as exc:
             # The reason goes into a `title-failed` event: named, and without the key.
@@ -203,9 +224,9 @@ class Titles:
             )
             log.warning("the title model %s:%s failed: %s", ref["provider"], ref["id"], reason)
             raise NoTitle(f"the title model {ref['provider']}:{ref['id']} failed: {reason}") from None
-        if response.usage is not None:
-            self.usage.append({"model": ref, "usage": response.usage.model_dump()})
-        text = response.choices[0].message.content if response.choices else None
+        usage, text = _answer(response)
+        if usage is not None:
+            self.usage.append({"model": ref, "usage": usage})
         return clean(text) if isinstance(text, str) else ""
 
     async def _write(self, did: str, skey: str, title: str, user_key: Any) -> None:
