@@ -168,6 +168,8 @@ class Titles:
         scope = self._scopes[address] = anyio.CancelScope()
         try:
             with scope, anyio.move_on_after(TITLE_TIMEOUT) as timer:
+                if await self._titled(did, skey):
+                    return  # titled since the turn read its info: the title would not be kept
                 seen = len(self.usage)
                 try:
                     title = await self._ask(ask)
@@ -189,6 +191,18 @@ class Titles:
             self._no_title(did, skey, "title generation failed")
         finally:
             self._scopes.pop(address, None)
+
+    async def _titled(self, did: str, skey: str) -> bool:
+        """Whether the conversation has a title by now. A turn asks for one when the info it
+        read at its start had none; the turns right after a conversation's first reply
+        read it before that reply's title was written, and each asked a model for a title
+        that ``_write`` then dropped (a point read here costs a hundredth of that call)."""
+        try:
+            info = await self._store.get_record(did, skey, INFO, "self")
+        except StoreError:
+            return False  # asked as before; the write reads again and decides
+        title = info.value.get("title") if info is not None else None
+        return isinstance(title, str) and bool(title)
 
     def _no_title(self, did: str, skey: str, reason: str) -> None:
         if self.on_no_title is not None:
