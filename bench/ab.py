@@ -1,0 +1,97 @@
+"""``python -m bench.ab``: two turnd builds side by side, their runs interleaved.
+
+On a shared machine the load changes from one minute to the next, so two bench runs
+one after the other do not compare. Here both daemons are up at once, each with its
+own fake model server, and the same phase alternates between them (A, B, A, B …), so
+whatever load there is falls on both alike. What it prints: per build, the median over
+the rounds of CPU per turn (short turns, 5 tokens, 20 at a time, the relay not
+subtracted), of turns per second of CPU and of the first-token overhead, and B's
+figure over A's.
+
+    python -m bench.ab --a "turnd" --b "env PYTHONPATH=/path/to/tree python -m daemon.cli"
+    python -m bench.ab --a "env TURND_X=0 turnd" --b "env TURND_X=1 turnd" --rounds 6
+
+A command is what runs ``turnd`` (``serve --config …`` is appended), as for
+``$TURND_BENCH_TURND``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from typing import Any
+
+import anyio
+
+from bench import measure
+from bench.procs import FakeModelProc, TurndProc
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def _rounds(a: list[str], b: list[str], rounds: int, turns: int,
+                  samples: int) -> dict[str, dict[str, list[float]]]:
+    got: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
+    with (
+        FakeModelProc(tokens=5, ttft_ms=0) as tiny_a, FakeModelProc(tokens=5, ttft_ms=0) as tiny_b,
+        FakeModelProc(tokens=200, ttft_ms=20) as fake_a,
+        FakeModelProc(tokens=200, ttft_ms=20) as fake_b,
+        TurndProc({"fake": fake_a.base_url, "tiny": tiny_a.base_url}, command=a) as turnd_a,
+        TurndProc({"fake": fake_b.base_url, "tiny": tiny_b.base_url}, command=b) as turnd_b,
+    ):
+        sides = {"A": (turnd_a, fake_a), "B": (turnd_b, fake_b)}
+        for n in range(rounds):
+            # Which side goes first alternates too: a phase can warm the machine for the next.
+            order = ("A", "B") if n % 2 == 0 else ("B", "A")
+            for side in order:
+                turnd, fake = sides[side]
+                figures: dict[str, float] = {}
+                for fig in await measure.short_turns(turnd, 1, turns, 20, 5, None, _quiet,
+                                                     provider="tiny"):
+                    figures |= fig
+                for fig in await measure.ttft(turnd, fake, 1, samples, _quiet):
+                    figures |= fig
+                for key, value in figures.items():
+                    got[side].setdefault(key, []).append(value)
+                _log(f"round {n + 1}/{rounds} {side}: CPU {figures['turnd_cpu_ms_per_turn']:.2f} "
+                     f"ms a turn, first-token overhead {figures['ttft_overhead_ms_p50']:.2f} ms")
+    return got
+
+
+def _quiet(_text: str) -> None:
+    pass
+
+
+KEYS = ("turnd_cpu_ms_per_turn", "turns_per_s", "ttft_overhead_ms_p50")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0])
+    p.add_argument("--a", required=True, help="the command that runs build A's turnd")
+    p.add_argument("--b", required=True, help="the command that runs build B's turnd")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--turns", type=int, default=300, help="short turns a round")
+    p.add_argument("--samples", type=int, default=20, help="first-token samples a round")
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = p.parse_args(argv)
+    got = anyio.run(_rounds, shlex.split(args.a), shlex.split(args.b), args.rounds,
+                    args.turns, args.samples)
+    out: dict[str, Any] = {}
+    for key in KEYS:
+        med_a = statistics.median(got["A"][key])
+        med_b = statistics.median(got["B"][key])
+        out[key] = {"A": round(med_a, 3), "B": round(med_b, 3),
+                    "B/A": round(med_b / med_a, 3) if med_a else None}
+        print(f"{key:24} A {med_a:8.2f}   B {med_b:8.2f}   B/A {out[key]['B/A']}")
+    if args.json:
+        print(json.dumps({"medians": out, "runs": got}, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
