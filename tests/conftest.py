@@ -1,6 +1,23 @@
 pytest_plugins = ["tests.support.fixtures"]
 
+import compileall  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("daemon", "turns", "recordstore", "plugins", "testbed", "bench", "tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The suite starts about 150 Python processes (`turnd serve`, `send`, `check`, the
+    # fake model server…). An editable install leaves turnd's own modules uncompiled, and
+    # with PYTHONDONTWRITEBYTECODE set (as on this machine) none is ever cached: each
+    # process compiled all of them again, ~0.5 s of CPU per `turnd serve` start. Once,
+    # before the workers start (not in each xdist worker).
+    if not hasattr(config, "workerinput"):
+        for package in PACKAGES:
+            compileall.compile_dir(ROOT / package, quiet=1)
 
 
 @pytest.fixture
