@@ -320,7 +320,7 @@ token_env = "ME_TOKEN"
 @pytest.mark.anyio
 async def test_a_direct_write_is_answered_and_the_feed_cursor_saved(tmp_path: Path) -> None:
     from daemon.accounts import local_did
-    from recordstore import CONVERSATION, INFO
+    from recordstore import CONVERSATION, CONVERSATION_REF, INFO, SETTINGS_SPACE
     from recordstore.keys import new_tid
     from recordstore.local import LocalStore
     from tests.support.daemon import running_daemon
@@ -353,10 +353,19 @@ async def test_a_direct_write_is_answered_and_the_feed_cursor_saved(tmp_path: Pa
                             break
                         await anyio.sleep(0.05)
                 assert reply.value["status"] == "complete"
+                # turnd writes on after the reply (the conversationRef; a title, when one
+                # is generated). The head is the store's newest op once turnd's own saved
+                # cursor (flushed every second) has reached it: read earlier, the feed and
+                # its cursor would move on past it.
+                with anyio.fail_after(10):
+                    while True:
+                        ref = await other.get_record(alice, SETTINGS_SPACE, CONVERSATION_REF, skey)
+                        if ref is not None:
+                            break
+                        await anyio.sleep(0.05)
+                head = await _settled_head(tmp_path / "data")
                 # The feed's newest change, read to the end (a deadline, not a fixed wait):
                 # the local store's cursors are its op ids, so the end is the largest.
-                with sqlite3.connect(tmp_path / "data" / "store.sqlite3") as db:
-                    head = str(db.execute("SELECT max(id) FROM ops").fetchone()[0])
                 last = None
                 with anyio.fail_after(10):
                     async with other.changes(None) as feed:
@@ -370,6 +379,20 @@ async def test_a_direct_write_is_answered_and_the_feed_cursor_saved(tmp_path: Pa
             assert await state.get_cursor("changes") == last
         finally:
             await state.aclose()
+
+
+async def _settled_head(data: Path) -> str:
+    """The store's newest op id, once the daemon's saved feed cursor equals it (both read
+    as another process would, again on each poll: the daemon may still be writing)."""
+    with anyio.fail_after(10):
+        while True:
+            with sqlite3.connect(data / "store.sqlite3") as db:
+                head = str(db.execute("SELECT max(id) FROM ops").fetchone()[0])
+            with sqlite3.connect(data / "state.sqlite3") as db:
+                row = db.execute("SELECT value FROM cursor WHERE name = 'changes'").fetchone()
+            if row is not None and row[0] == head:
+                return head
+            await anyio.sleep(0.05)
 
 
 def datetime_now() -> str:
