@@ -23,11 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from atproto_server.auth.jwt import (
-    decode_jwt_payload,
-    parse_jwt,
-    validate_jwt_payload,
-)
 from atproto_server.auth.utils import base64url_encode
 from atproto_server.exceptions import (
     InvalidTokenError,
@@ -149,6 +144,10 @@ class SessionTokens:
 
     def verify(self, token: str, scope: Scope) -> SessionClaims:
         """The claims of a valid token of ``scope``; raises TokenError as a PDS answers."""
+        # Imported on the first verify: the module loads the SDK's asymmetric verifiers
+        # (cryptography's ciphers), ~0.1 s of CPU at every daemon start that never sees one.
+        from atproto_server.auth.jwt import decode_jwt_payload, parse_jwt, validate_jwt_payload
+
         try:
             raw_payload, signing_input, header, signature = parse_jwt(token)
         except InvalidTokenError:

@@ -14,8 +14,6 @@ import os
 import signal
 import sys
 
-from daemon.markdown import render_many
-
 READY = b"R"  # the one byte a started worker writes before it reads any request
 
 
@@ -37,6 +35,10 @@ def main() -> int:
     # worker ends (it closes stdin or kills it), so the worker prints no traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # Imported here, not at the top: the daemon imports this module for READY, and
+    # markdown-it with Pygments cost every daemon start ~0.1 s of CPU it never used.
+    from daemon.markdown import render_many
+
     # Imported: ready. The daemon starts a render's clock only after this byte, so a
     # worker slow to start on a loaded machine is not taken for a text too complex.
     stdout.write(READY)

@@ -25,11 +25,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from daemon.deps import AccountDep
-from daemon.markdown import render_markdown
 from daemon.render import MAX_RENDER_BYTES, RenderPool, RenderTooComplex
 from daemon.served import Served
 
-__all__ = ["CSP", "render_markdown", "router", "static_files"]
+__all__ = ["CSP", "router", "static_files"]
 
 CSP = "; ".join(
     (

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
-import regex
 from atproto_lexicon import models as lex
 
 from recordstore.lexicon_data import (
@@ -32,11 +32,18 @@ from recordstore.lexicon_formats import FORMATS, is_type_name
 
 __all__ = ["Compiler"]
 
-_GRAPHEME = regex.compile(r"\X")
+
+@cache
+def _grapheme() -> Any:
+    # The regex package (for \X) is imported the first time a string's length is near
+    # a grapheme limit: most processes never count one, and its import is ~0.1 s of CPU.
+    import regex
+
+    return regex.compile(r"\X")
 
 
 def _graphemes(v: str) -> int:
-    return len(_GRAPHEME.findall(v))
+    return len(_grapheme().findall(v))
 
 
 def _fixed(const: Any, enum: list[Any] | None, const_text: str) -> Check | None:
