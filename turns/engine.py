@@ -355,6 +355,12 @@ class TurnEngine:
         address = TurnAddress(change.did, change.space, change.key, decision.attempt)
         if address in self._starts or self._streams.get(change.did, change.space, reply) is not None:
             return  # started here (a POST, or this feed earlier): nothing to read
+        if change.live and change.op == "create" and change.record is not None and change.cid:
+            # Created a moment ago: the op carries the message, start_turn would read it back
+            # on the claim's path (the reply's own check stays: another runner may have it).
+            record = Record(change.did, change.space, change.collection, change.key, change.cid, change.record)
+            await self._start(change.did, change.space, record, fresh=False)
+            return
         await self.start_turn(change.did, change.space, change.key)
 
     async def _error_reply(self, did: str, skey: str, key: str, attempt: int, message: str) -> None:
