@@ -118,6 +118,32 @@ async def test_connections_past_the_cap_get_503(tmp_path: Path, fake_model: Fake
                 await anyio.sleep(0.05)
 
 
+async def test_an_endless_request_head_is_refused(tmp_path: Path, fake_model: FakeModel) -> None:
+    """A head still unfinished after 16 KiB gets 431 and is closed; one under it is served."""
+    async with running_daemon(tmp_path, fake_model) as dm:
+        port = dm.service.port
+        head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port
+        async with await anyio.connect_tcp("127.0.0.1", port) as sock:
+            answer = b""
+            with anyio.fail_after(10):
+                await sock.send(head)
+                try:
+                    for _ in range(64):  # 1 MiB of one header, never finished
+                        await sock.send(b"X-Filler: " + b"a" * 16_000 + b"\r\n")
+                except (anyio.BrokenResourceError, ConnectionError, OSError):
+                    pass  # closed under us once refused
+                try:
+                    while True:
+                        answer += await sock.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                    pass
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "HeadersTooLarge"
+        # A head of 15 KiB is a head like any other.
+        r = await dm.http.get("/healthz", headers={"X-Filler": "a" * 15_000})
+        assert r.status_code == 200
+
+
 def test_accept_errors_are_logged_once_per_10_s(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     passed: list[str] = []
