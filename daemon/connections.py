@@ -95,6 +95,7 @@ class GuardedHttp(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self._head_timer: asyncio.TimerHandle | None = None
         self._awaiting_head = True  # from the connection's start, or a response's end
+        self._request_done = True  # the last request's body is all read (none yet: True)
         self._head_bytes = 0
         self._refused = False
         self._stream: _Finishable | None = None  # the SSE response's buffer, if any
@@ -146,9 +147,18 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._awaiting_head = False
+        self._request_done = False
         self._head_bytes = 0
         self._cancel_head_timer()
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # A response may have been sent before the request's body was all read (a 413,
+        # say): the next head is only awaited once both are over.
+        self._request_done = True
+        if self.cycle is not None and self.cycle.response_complete and not self.pipeline:
+            self._await_next_head()
 
     def _answer_and_close(self, status: int, error: str, message: str) -> None:
         # As for a refused connection: what the client still sends is read and dropped
@@ -208,9 +218,14 @@ class GuardedHttp(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         self._stream = None
         super().on_response_complete()
+        if self._request_done and not self.pipeline:
+            self._await_next_head()
+
+    def _await_next_head(self) -> None:
         # A kept-alive connection gets the same time for its next head.
-        if not self.transport.is_closing() and not self.pipeline:
+        if not self.transport.is_closing():
             self._awaiting_head = True
+            self._head_bytes = 0
             self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
