@@ -47,20 +47,28 @@ __all__ = ["AcceptErrorLog", "GuardedHttp", "connection_limit", "guarded_protoco
 log = logging.getLogger("turnd.http")
 
 FD_RESERVE_MIN = 64  # descriptors kept for everything but client connections
-REFUSED_LINGER = 1.0  # seconds a refused connection may take to read its 503
+REFUSED_LINGER = 1.0  # seconds a refused connection may take to read its answer
 ACCEPT_LOG_EVERY = 10.0
 MAX_HEAD_BYTES = 16 * 1024  # an unfinished request head (h11's default limit, kept)
 IDLE_SUBSCRIBER_SECONDS = 60.0  # after the turn ended, with nothing read meanwhile
 SUBSCRIBER_EXTENSION = "turnd.subscriber"
-_BUSY = json.dumps(
-    {"error": "Unavailable", "message": "too many connections; try again shortly"}
-).encode()
-_BUSY_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\n"
-    b"content-type: application/json\r\n"
-    b"retry-after: 1\r\n"
-    b"connection: close\r\n"
-    b"content-length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY
+
+
+def _json_answer(status_line: bytes, error: str, message: str, *headers: bytes) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, with an ``{error, message}`` body."""
+    body = json.dumps({"error": error, "message": message}).encode()
+    head = [status_line, b"content-type: application/json", *headers, b"connection: close",
+            b"content-length: %d" % len(body)]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+_BUSY_RESPONSE = _json_answer(
+    b"HTTP/1.1 503 Service Unavailable", "Unavailable", "too many connections; try again shortly",
+    b"retry-after: 1",
+)
+_HEAD_TOO_LARGE = _json_answer(
+    b"HTTP/1.1 431 Request Header Fields Too Large", "HeadersTooLarge",
+    "the request head is too large",
 )
 
 
@@ -112,11 +120,16 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _refuse(self) -> None:
         # Not counted: a refused connection only reads its answer and goes.
-        self._refused = True
         self.connections.discard(self)
-        self.transport.write(_BUSY_RESPONSE)
-        # Half-close and linger briefly instead of closing at once: closing with the
-        # client's request unread would reset the connection and lose the 503.
+        self._answer_and_close(_BUSY_RESPONSE)
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        # What the client still sends is read and dropped (``_refused``) while the answer
+        # lingers: closing with its request unread would reset the connection and lose
+        # the answer. Half-closed at once, closed after a moment.
+        self._refused = True
+        self._cancel_head_timer()
+        self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(REFUSED_LINGER, self.transport.close)
@@ -131,7 +144,7 @@ class GuardedHttp(HttpToolsProtocol):
         # at 16 KiB): a head still unfinished past that is refused.
         too_large = self._awaiting_head and self._head_bytes > MAX_HEAD_BYTES
         if too_large and not self.transport.is_closing():
-            self._answer_and_close(431, "HeadersTooLarge", "the request head is too large")
+            self._answer_and_close(_HEAD_TOO_LARGE)
 
     def eof_received(self) -> None:
         if self._refused:
@@ -159,23 +172,6 @@ class GuardedHttp(HttpToolsProtocol):
         self._request_done = True
         if self.cycle is not None and self.cycle.response_complete and not self.pipeline:
             self._await_next_head()
-
-    def _answer_and_close(self, status: int, error: str, message: str) -> None:
-        # As for a refused connection: what the client still sends is read and dropped
-        # for a moment, or closing with it unread would reset the connection and lose
-        # the answer.
-        self._refused = True
-        self._cancel_head_timer()
-        body = json.dumps({"error": error, "message": message}).encode()
-        reason = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}[status]
-        self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n" % (status, reason, len(body))
-            + body
-        )
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.loop.call_later(REFUSED_LINGER, self.transport.close)
 
     def _watch(self, stream: _Finishable) -> None:
         self._stream = stream
