@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import anyio
 import httpx
@@ -12,6 +13,7 @@ from daemon.config_file import ConfigError
 from daemon.echo import ECHO
 from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, short
 from turns.settings import Provider
+from turns.tls import tls_context
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -78,9 +80,10 @@ async def check_provider(
     import openai
 
     name = f"{provider.name} [{provider.label}]" if provider.label else provider.name
-    http_client = None
     where = provider.base_url
-    if provider.name == ECHO:
+    if provider.name != ECHO:
+        http_client: Any = openai.DefaultAsyncHttpxClient(verify=tls_context())
+    else:
         # The echo is served by `turnd serve`; check the same code in-process so this
         # works whether or not the daemon is running.
         from fastapi import FastAPI

@@ -8,9 +8,7 @@ polling the stored record.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import ssl
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,6 +23,7 @@ from daemon.config_file import ConfigError
 from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, leaf, short
 from recordstore.times import now_iso
 from recordstore.vocabulary import CONVERSATION, PLAIN_CONTENT, TEXT_PART
+from turns.tls import tls_context
 
 FINAL = ("complete", "error", "cancelled")
 
@@ -90,18 +89,10 @@ class SendRefused(Exception):
 REACH_SECONDS = 3.0  # the daemon's /healthz must answer within this
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """One TLS context for every HTTP client of the command (the SDK's included): each
-    client would otherwise build its own and load the CA bundle again, 20-120 ms apiece
-    on a 2-core machine, four times a `turnd send`."""
-    return httpx.create_ssl_context()
-
-
 async def _reachable(base_url: str) -> bool:
     """Whether a turnd answers at ``base_url`` (any HTTP answer counts)."""
     try:
-        async with httpx.AsyncClient(timeout=REACH_SECONDS, verify=_tls()) as http:
+        async with httpx.AsyncClient(timeout=REACH_SECONDS, verify=tls_context()) as http:
             await http.get(f"{base_url}/healthz")
     except httpx.HTTPError:
         return False
@@ -143,7 +134,7 @@ async def _send(
         raise _unreachable(config.base_url)
     # The stock SDK, against turnd's own XRPC (local store) or the PDS itself.
     xrpc_url = config.base_url if config.store_kind == "local" else str(config.store_service)
-    client = AsyncClient(base_url=xrpc_url, request=AsyncRequest(verify=_tls()))
+    client = AsyncClient(base_url=xrpc_url, request=AsyncRequest(verify=tls_context()))
     await client.login(account.handle, account.password, fetch_bsky_profile=False)
     did = (await client.com.atproto.server.get_session()).did
     repo = client.com.atproto.repo
@@ -260,7 +251,7 @@ async def _title_event(config: Config, account: Account, skey: str) -> tuple[str
     url = f"{config.base_url}/api/conversations/{skey}/events"
     headers = {"Authorization": f"Bearer {account.token}", "Last-Event-ID": "0"}
     async with (
-        httpx.AsyncClient(timeout=httpx.Timeout(10, read=TITLE_WAIT + 5), verify=_tls()) as http,
+        httpx.AsyncClient(timeout=httpx.Timeout(10, read=TITLE_WAIT + 5), verify=tls_context()) as http,
         aconnect_sse(http, "GET", url, headers=headers) as source,
     ):
         if source.response.status_code != 200:
@@ -354,7 +345,7 @@ async def _follow_reply(
     delay = 0.1
     url = f"{config.base_url}/api/conversations/{skey}/messages/{reply}/stream"
     headers = {"Authorization": f"Bearer {account.token}"} if account.token else None
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=60), verify=_tls()) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=60), verify=tls_context()) as http:
         while True:
             status: str | None = None
             error: str | None = None

@@ -936,6 +936,8 @@ def measure_throughput(
     import httpx
     import openai
 
+    from testbed.tls import tls
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "testbed.fakemodel", "--port", "0", "--tokens", str(tokens),
          "--ttft-ms", str(ttft_ms), "--chunk-delay-ms", str(chunk_delay_ms), "--no-record"],
@@ -968,7 +970,7 @@ def measure_throughput(
             if kind == "raw":
                 client: Any = httpx.AsyncClient(
                     limits=httpx.Limits(max_connections=streams * 2, max_keepalive_connections=streams * 2),
-                    timeout=60)
+                    timeout=60, verify=tls())
                 one: Any = raw_one
             else:
                 client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-fake", max_retries=0)

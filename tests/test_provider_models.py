@@ -80,7 +80,7 @@ def test_a_provider_whose_models_never_answer_does_not_hold_the_picker(
     before = silent.accepted
     api = httpx.Client(
         base_url=daemon.url, headers={"Authorization": f"Bearer {ME_TOKEN}"},
-        timeout=30,  # a deadline well past the listing's 3 s, on a loaded machine
+        timeout=30,  # a deadline well past the listing's 3 s, on a loaded machine, verify=tls()
     )
     for _ in range(3):
         got = api.get("/api/models")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply, ToolCall
+from testbed.tls import tls
 from tests.support.browser import (
     TOKEN,
     current_skey,
@@ -113,14 +114,14 @@ def page(browser: Any, daemon: str) -> Iterator[Any]:
 
 
 def test_page_headers_and_sign_in(daemon: str, browser: Any) -> None:
-    r = httpx.get(f"{daemon}/")
+    r = httpx.get(f"{daemon}/", verify=tls())
     assert r.status_code == 200 and "<title>turnd</title>" in r.text
     csp = r.headers["content-security-policy"]
     assert "default-src 'self'" in csp and "script-src 'self'" in csp
     assert "connect-src 'self'" in csp and "img-src 'self' data: blob:" in csp
     assert "unsafe-inline" not in csp
-    assert httpx.get(f"{daemon}/app.js").headers["content-security-policy"] == csp
-    assert httpx.get(f"{daemon}/api/models").status_code == 401
+    assert httpx.get(f"{daemon}/app.js", verify=tls()).headers["content-security-policy"] == csp
+    assert httpx.get(f"{daemon}/api/models", verify=tls()).status_code == 401
 
     context = browser.new_context(base_url=daemon)
     page = context.new_page()

@@ -46,6 +46,7 @@ from turns.settings import Provider, TurnSettings
 from turns.state import StateDB
 from turns.streams import ReplyStream, StreamBuffer, StreamRegistry
 from turns.titles import Titles
+from turns.tls import tls_context
 from turns.toolcalls import ToolCallMetrics
 from turns.turn import Start, Turn, TurnAddress, TurnServices
 from turns.upkeep import Upkeep
@@ -131,7 +132,7 @@ class TurnEngine:
 
     async def __aenter__(self) -> TurnEngine:
         async with AsyncExitStack() as stack:
-            http = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+            http = await stack.enter_async_context(httpx.AsyncClient(timeout=30, verify=tls_context()))
             self._services = TurnServices(
                 store=self._store,
                 state=self._state,

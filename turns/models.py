@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 import httpx2  # the HTTP client openai 3.x is built on
@@ -14,6 +12,7 @@ from turns.efforts import EFFORTS, Effort  # noqa: F401 - re-exported, the names
 from turns.provider_errors import NO_KEY
 from turns.retries import ReportingOpenAI
 from turns.settings import Provider
+from turns.tls import tls_context
 
 # OpenAI-compatible `reasoning_effort` names the others as they are; `high` is its highest.
 _WIRE_EFFORT = {"max": "high"}
@@ -76,13 +75,6 @@ def _ref(value: Mapping[str, Any]) -> dict[str, str]:
 CHAT_OPTIONS: dict[str, Any] = {"security": {"bearer_auth": True}}
 
 
-@cache
-def _tls_context() -> ssl.SSLContext:
-    """The TLS settings every provider's client would build for itself (the same defaults),
-    built once: loading the CA bundle costs each client ~50 ms of CPU at start."""
-    return httpx2.create_ssl_context()
-
-
 class Clients:
     """One ``AsyncOpenAI`` per provider, built on first use and kept for the process."""
 
@@ -114,7 +106,7 @@ class Clients:
                 # between chunks is bounded by the read timeout instead.
                 timeout=openai.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0),
                 http_client=openai.DefaultAsyncHttpxClient(
-                    verify=_tls_context(),
+                    verify=tls_context(),
                     limits=httpx2.Limits(
                         max_connections=1000, max_keepalive_connections=200
                     ),

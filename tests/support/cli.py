@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from testbed.tls import tls
+
 TURND = str(Path(sys.executable).parent / "turnd")
 # The secrets me_config's account reads (its password and /api token).
 ME_PASSWORD = "pw-123456789"
@@ -75,7 +77,7 @@ def wait_healthy(url: str, timeout: float = 5) -> None:
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            last = httpx.get(f"{url}/healthz", timeout=2)
+            last = httpx.get(f"{url}/healthz", timeout=2, verify=tls())
             if last.status_code == 200:
                 return
         except httpx.HTTPError as err:

@@ -31,6 +31,7 @@ import httpx
 
 from testbed.ports import free_port
 from testbed.processes import stop
+from testbed.tls import tls
 from tests.support import cli
 from tests.support.accounts import ACCOUNT_ENV, ALICE, ALICE_TOKEN, BOB
 from tests.support.cli import TURND
@@ -172,7 +173,7 @@ class Turnd:
             raise AssertionError(f"{self.name} not serving after {timeout}s: {self.logs()}")
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=2, verify=tls()).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -220,7 +221,7 @@ class Turnd:
 
     def client(self, token: str = ALICE_TOKEN, timeout: float = 30) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, verify=tls()
         )
 
     def aclient(self, token: str = ALICE_TOKEN, timeout: float = 30, **kw: Any) -> httpx.AsyncClient:
@@ -229,7 +230,7 @@ class Turnd:
         # client that lets idle connections go first never races the server's close.
         kw.setdefault("limits", httpx.Limits(keepalive_expiry=2.0))
         return httpx.AsyncClient(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, **kw
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, **kw, verify=tls()
         )
 
 

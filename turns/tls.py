@@ -1,0 +1,20 @@
+"""One TLS context for every HTTP client of the process.
+
+Each client built without one makes its own and loads the CA bundle into it: 40-120 ms
+of CPU apiece on a 2-core machine. A `turnd serve` start built four (each provider's
+openai client, the engine's client for tools and URL attachments, the start-up probe of
+the default provider), a `turnd send` four, and the model picker one per listing.
+The context holds the defaults every one of them would have built.
+"""
+
+from __future__ import annotations
+
+import ssl
+from functools import cache
+
+import httpx
+
+
+@cache
+def tls_context() -> ssl.SSLContext:
+    return httpx.create_ssl_context()
