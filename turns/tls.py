@@ -1,10 +1,11 @@
 """One TLS context for every HTTP client of the process.
 
 Each client built without one makes its own and loads the CA bundle into it: 40-120 ms
-of CPU apiece on a 2-core machine. A `turnd serve` start built four (each provider's
-openai client, the engine's client for tools and URL attachments, the start-up probe of
-the default provider), a `turnd send` four, and the model picker one per listing.
-The context holds the defaults every one of them would have built.
+of CPU and ~0.5 MB apiece on a 2-core machine. A `turnd serve` start built three (one
+shared by the providers' openai clients, the engine's client for tools and URL
+attachments, the start-up probe of the default provider), `turnd check` one a provider,
+and the model picker one per listing. The context holds the defaults every one of them
+would have built.
 """
 
 from __future__ import annotations
