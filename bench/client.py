@@ -22,7 +22,7 @@ from recordstore.vocabulary import INFO as INFO
 from recordstore.vocabulary import MESSAGE as MESSAGE
 from recordstore.vocabulary import PLAIN_CONTENT as PLAIN  # noqa: F401
 from recordstore.vocabulary import TEXT_PART as TEXT_PART
-from testbed.tls import tls
+from turns.tls import tls_context
 
 MODEL = "fake-model"
 PROMPT = [{"role": "user", "content": "hi"}]
@@ -119,7 +119,7 @@ def api_client(base_url: str, token: str, connections: int = 64) -> httpx.AsyncC
         # A loop busy starting hundreds of turns accepts late: the many-streams run waits.
         timeout=httpx.Timeout(120, connect=60),
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
-                            keepalive_expiry=KEEPALIVE_EXPIRY), verify=tls(),
+                            keepalive_expiry=KEEPALIVE_EXPIRY), verify=tls_context(),
     )
 
 

@@ -38,7 +38,7 @@ from recordstore import CONVERSATION, CONVERSATION_REF, MESSAGE, SETTINGS_SPACE
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.vocabulary import PLAIN_CONTENT, TEXT_PART
-from testbed.tls import tls
+from turns.tls import tls_context
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def first_page(n: int, runs: int) -> dict[str, Any]:
         _seed_refs(turnd.store_file, n)
         _caught_up(turnd.store_file)
         headers = {"Authorization": f"Bearer {turnd.token}"}
-        with httpx.Client(base_url=turnd.base_url, headers=headers, timeout=30, verify=tls()) as http:
+        with httpx.Client(base_url=turnd.base_url, headers=headers, timeout=30, verify=tls_context()) as http:
             http.get("/api/conversations")  # warm: the feed has caught up with the seed
             times, size = [], 0
             for _ in range(runs):

@@ -51,7 +51,7 @@ from recordstore.vocabulary import PLAIN_CONTENT as PLAIN
 from recordstore.vocabulary import TEXT_PART as TEXT
 from testbed.ports import free_port
 from testbed.processes import ready_line, stop
-from testbed.tls import tls
+from turns.tls import tls_context
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-pds-token-0123456789"
@@ -277,7 +277,7 @@ class Bench:
         self.say(f"PDS started in {took:.1f} s at {self.pds_url} (data dir on disk, PLC apart)")
 
     def create_account(self) -> None:
-        with httpx.Client(base_url=self.pds_url, timeout=30, verify=tls()) as http:
+        with httpx.Client(base_url=self.pds_url, timeout=30, verify=tls_context()) as http:
             self.handle = f"bench{secrets.token_hex(3)}.test"
             self.password = secrets.token_urlsafe(16)
             r = http.post("/xrpc/com.atproto.server.createAccount", json={
@@ -348,7 +348,7 @@ token_env = "B_TOKEN"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.turnd_url}/healthz", timeout=2, verify=tls()).status_code == 200:
+                if httpx.get(f"{self.turnd_url}/healthz", timeout=2, verify=tls_context()).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -455,7 +455,7 @@ token_env = "B_TOKEN"
         alive: list[bool] = []
 
         async def poll_health() -> None:
-            async with httpx.AsyncClient(timeout=3, verify=tls()) as http:
+            async with httpx.AsyncClient(timeout=3, verify=tls_context()) as http:
                 while not stop_polling.is_set():
                     t = time.monotonic()
                     try:
@@ -468,7 +468,7 @@ token_env = "B_TOKEN"
                     await asyncio.sleep(max(0.0, 0.2 - (time.monotonic() - t)))
 
         async def get(key: str) -> dict[str, Any] | None:
-            async with httpx.AsyncClient(timeout=5, verify=tls()) as http:
+            async with httpx.AsyncClient(timeout=5, verify=tls_context()) as http:
                 try:
                     r = await http.get(
                         f"{self.pds_url}/xrpc/com.atproto.repo.getRecord",

@@ -25,7 +25,7 @@ import httpx
 from daemon.accounts import local_did
 from testbed.ports import free_port
 from testbed.processes import stop
-from testbed.tls import tls
+from turns.tls import tls_context
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLE = "bench.test"
@@ -108,7 +108,7 @@ def _poll_ready(
     timeout: float, interval: float,
 ) -> None:
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2, verify=tls()) as client:
+    with httpx.Client(timeout=2, verify=tls_context()) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{what} exited: {log_tail()}")

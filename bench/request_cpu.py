@@ -23,7 +23,7 @@ import anyio
 import httpx
 
 from bench.procs import FakeModelProc, TurndProc, cpu_seconds
-from testbed.tls import tls
+from turns.tls import tls_context
 
 PATHS = ("/nope", "/healthz", "/api/conversations?limit=1")
 CONNECTIONS = 10
@@ -51,7 +51,7 @@ async def _run(a: list[str], b: list[str], paths: list[str], rounds: int,
     ):
         sides = (turnd_a, turnd_b)
         clients = [httpx.AsyncClient(base_url=t.base_url,
-                                     headers={"Authorization": f"Bearer {t.token}"}, verify=tls())
+                                     headers={"Authorization": f"Bearer {t.token}"}, verify=tls_context())
                    for t in sides]
         try:
             for path in paths:

@@ -23,7 +23,7 @@ import httpx
 
 from bench.figures import print_figures
 from bench.procs import FakeModelProc, TurndProc
-from testbed.tls import tls
+from turns.tls import tls_context
 
 MESSAGE = "network.sharedcomputer.chat.message"
 
@@ -35,8 +35,8 @@ def rss_mb(pid: int) -> float:
 
 def probe_rebinding(t: TurndProc) -> dict[str, Any]:
     path = f"/xrpc/com.atproto.repo.listRecords?repo=bench.test&collection={MESSAGE}"
-    foreign = httpx.get(t.base_url + path, headers={"Host": f"attacker.example:{t.port}"}, verify=tls())
-    anon = httpx.get(t.base_url + path, verify=tls())
+    foreign = httpx.get(t.base_url + path, headers={"Host": f"attacker.example:{t.port}"}, verify=tls_context())
+    anon = httpx.get(t.base_url + path, verify=tls_context())
     return {
         "rebinding_status": foreign.status_code,
         "rebinding_error": foreign.json().get("error"),
@@ -46,7 +46,7 @@ def probe_rebinding(t: TurndProc) -> dict[str, Any]:
 
 def _health_latencies(t: TurndProc, seconds: float) -> list[float]:
     out = []
-    with httpx.Client(base_url=t.base_url, timeout=30, verify=tls()) as c:
+    with httpx.Client(base_url=t.base_url, timeout=30, verify=tls_context()) as c:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             start = time.perf_counter()
@@ -63,7 +63,7 @@ def probe_render(t: TurndProc) -> dict[str, Any]:
     done = threading.Event()
 
     def poll() -> None:
-        with httpx.Client(base_url=t.base_url, timeout=30, verify=tls()) as c:
+        with httpx.Client(base_url=t.base_url, timeout=30, verify=tls_context()) as c:
             while not done.is_set():
                 start = time.perf_counter()
                 c.get("/healthz")
@@ -77,7 +77,7 @@ def probe_render(t: TurndProc) -> dict[str, Any]:
         t.base_url + "/api/render",
         json={"texts": texts},
         headers={"Authorization": f"Bearer {t.token}"},
-        timeout=60, verify=tls(),
+        timeout=60, verify=tls_context(),
     )
     seconds = time.perf_counter() - start
     done.set()
@@ -140,7 +140,7 @@ def probe_idle_fds(t: TurndProc, conns: int = 1200, window: float = 18.0) -> dic
     while time.monotonic() - start < window:
         t0 = time.perf_counter()
         try:
-            status: int | str = httpx.get(t.base_url + "/healthz", timeout=5, verify=tls()).status_code
+            status: int | str = httpx.get(t.base_url + "/healthz", timeout=5, verify=tls_context()).status_code
         except httpx.HTTPError as err:
             status = type(err).__name__
         samples.append((round(time.monotonic() - start, 1), status, time.perf_counter() - t0))
@@ -168,7 +168,7 @@ def _accept_lines(t: TurndProc) -> int:
 def probe_logins(t: TurndProc, n: int = 2000) -> dict[str, Any]:
     statuses: dict[int, int] = {}
     start = time.perf_counter()
-    with httpx.Client(base_url=t.base_url, verify=tls()) as c:
+    with httpx.Client(base_url=t.base_url, verify=tls_context()) as c:
         for _ in range(n):
             r = c.post(
                 "/xrpc/com.atproto.server.createSession",

@@ -34,7 +34,7 @@ from httpx_sse import aconnect_sse
 from bench.figures import print_figures
 from bench.procs import TurndProc
 from testbed.fakemodel import FakeModel, Reply, ToolCall
-from testbed.tls import tls
+from turns.tls import tls_context
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "testbed" / "mcp_test_server.py"
@@ -99,7 +99,7 @@ async def run(runs: int, warmup: int) -> dict[str, Any]:
             headers = {"Authorization": f"Bearer {turnd.token}"}
             params = StdioServerParameters(command=sys.executable, args=[str(SERVER)])
             async with (
-                httpx.AsyncClient(base_url=turnd.base_url, headers=headers, timeout=60, verify=tls()) as http,
+                httpx.AsyncClient(base_url=turnd.base_url, headers=headers, timeout=60, verify=tls_context()) as http,
                 Client(params, cache=None) as client,
             ):
                 skey = (await http.post("/api/conversations", json={})).json()["skey"]

@@ -936,7 +936,7 @@ def measure_throughput(
     import httpx
     import openai
 
-    from testbed.tls import tls
+    from turns.tls import tls_context
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "testbed.fakemodel", "--port", "0", "--tokens", str(tokens),
@@ -970,7 +970,7 @@ def measure_throughput(
             if kind == "raw":
                 client: Any = httpx.AsyncClient(
                     limits=httpx.Limits(max_connections=streams * 2, max_keepalive_connections=streams * 2),
-                    timeout=60, verify=tls())
+                    timeout=60, verify=tls_context())
                 one: Any = raw_one
             else:
                 client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-fake", max_retries=0)

@@ -24,7 +24,7 @@ from typing import IO, Any
 import httpx
 
 from testbed.processes import ready_line, stop
-from testbed.tls import tls
+from turns.tls import tls_context
 
 PDS_DIR = Path(__file__).resolve().parent.parent / "tests" / "pds"
 READY_TIMEOUT = 60.0  # seconds; it is ready in about 3 s, but a cold disk cache is slower
@@ -77,7 +77,7 @@ class PdsServer:
         self._stderr: IO[str] | None = None
         self._counter = itertools.count()
         self._prefix = secrets.token_hex(3)
-        self._http = httpx.Client(timeout=30.0, verify=tls())
+        self._http = httpx.Client(timeout=30.0, verify=tls_context())
 
     def start(self) -> None:
         env = dict(os.environ)

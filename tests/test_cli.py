@@ -24,7 +24,6 @@ import pytest
 
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
-from testbed.tls import tls
 from tests.support.cli import (
     TURND,
     Served,
@@ -33,6 +32,7 @@ from tests.support.cli import (
     turnd,
     wait_healthy,
 )
+from turns.tls import tls_context
 
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 MESSAGE = "network.sharedcomputer.chat.message"
@@ -71,7 +71,7 @@ def test_serve_on_embedded_defaults_then_send_hello(tmp_path: Path, serve: Any) 
     again = turnd("send", "--conversation", skey, "and again", cwd=work, env=env)
     assert again.returncode == 0, again.stderr
     assert again.stdout == "Echo: and again\n"
-    api = httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token.group(1)}"}, verify=tls())
+    api = httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {token.group(1)}"}, verify=tls_context())
     messages = {
         m["key"]: m["value"] for m in api.get(f"/api/conversations/{skey}").json()["messages"]
     }
@@ -186,7 +186,7 @@ def test_init_then_serve_with_json_logs(tmp_path: Path, serve: Any) -> None:
 
 
 def _start_turn(url: str) -> tuple[httpx.Client, str, str]:
-    api = httpx.Client(base_url=url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10, verify=tls())
+    api = httpx.Client(base_url=url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10, verify=tls_context())
     skey = api.post("/api/conversations", json={}).json()["skey"]
     posted = api.post(
         f"/api/conversations/{skey}/messages",

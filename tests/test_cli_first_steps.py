@@ -23,7 +23,6 @@ import httpx
 
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
-from testbed.tls import tls
 from tests.support.cli import (
     ME_PASSWORD,
     ME_TOKEN,
@@ -34,6 +33,7 @@ from tests.support.cli import (
     turnd,
     wait_healthy,
 )
+from turns.tls import tls_context
 
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 
@@ -101,7 +101,7 @@ def test_send_refuses_a_missing_conversation_or_provider_or_an_empty_message_and
             assert empty.returncode == 2
             assert empty.stderr == "turnd: nothing to send: the message is empty\n"
         api = httpx.Client(
-            base_url=daemon.url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10, verify=tls()
+            base_url=daemon.url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10, verify=tls_context()
         )
         assert api.get("/api/conversations").json()["conversations"] == []
         assert fake.request_count == 0
@@ -177,7 +177,7 @@ def test_a_provider_without_a_models_list_offers_what_its_models_answers(
         daemon.wait_for(r"turnd: serving", timeout=30)
         wait_healthy(daemon.url, timeout=15)
         api = httpx.Client(
-            base_url=daemon.url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10, verify=tls()
+            base_url=daemon.url, headers={"Authorization": "Bearer tok-123456789"}, timeout=10, verify=tls_context()
         )
         listings_before = _listings(fake)
         for _ in range(3):
@@ -279,7 +279,7 @@ def test_a_second_ctrl_c_to_the_process_group_exits_without_tracebacks(
             wait_healthy(f"http://{url}", timeout=15)
             api = httpx.Client(
                 base_url=f"http://{url}", headers={"Authorization": "Bearer tok-123456789"},
-                timeout=10, verify=tls(),
+                timeout=10, verify=tls_context(),
             )
             # a render worker process, as the page starts one
             assert api.post("/api/render", json={"texts": ["# hi"]}).status_code == 200

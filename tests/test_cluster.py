@@ -22,10 +22,10 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from testbed.redis_server import RedisServer
-from testbed.tls import tls
 from tests.support.records import TEXT, reply_text
 from tests.support.reliability import FakeProc, Turnd, clean_env, wait_until
 from tests.support.sse import event
+from turns.tls import tls_context
 
 pytestmark = [pytest.mark.reliability, pytest.mark.anyio]
 
@@ -108,7 +108,7 @@ def _final(d: Turnd, skey: str, reply: str, timeout: float = 60) -> dict[str, An
 
 
 def _health(d: Turnd) -> tuple[int, dict[str, Any]]:
-    r = httpx.get(f"{d.url}/healthz", timeout=5, verify=tls())
+    r = httpx.get(f"{d.url}/healthz", timeout=5, verify=tls_context())
     return r.status_code, r.json()
 
 

@@ -18,11 +18,11 @@ from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.lexicon import validate_record
 from testbed.fakemodel import FakeModel, Reply
-from testbed.tls import tls
 from tests.support.accounts import ALICE, ALICE_PASSWORD, BOB_TOKEN
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.records import INFO, MESSAGE, now_iso, text_part
 from tests.support.sse import event as sse_event
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
 
@@ -225,7 +225,7 @@ async def test_the_events_streams_carry_a_direct_write_made_with_the_stock_sdk(
         client = AsyncClient(dm.base_url)
         await client.login("alice.test", ALICE_PASSWORD, fetch_bsky_profile=False)
         async with (
-            httpx.AsyncClient(base_url=dm.base_url, headers=dm.http.headers, timeout=20, verify=tls()) as http,
+            httpx.AsyncClient(base_url=dm.base_url, headers=dm.http.headers, timeout=20, verify=tls_context()) as http,
             aconnect_sse(http, "GET", f"/api/conversations/{skey}/events") as conversation,
             aconnect_sse(http, "GET", "/api/events") as account,
         ):
@@ -273,7 +273,7 @@ async def test_the_events_streams_carry_a_direct_write_made_with_the_stock_sdk(
 
         # Resuming after the first event gets what came after it, nothing before.
         async with (
-            httpx.AsyncClient(base_url=dm.base_url, headers=dm.http.headers, timeout=20, verify=tls()) as http,
+            httpx.AsyncClient(base_url=dm.base_url, headers=dm.http.headers, timeout=20, verify=tls_context()) as http,
             aconnect_sse(
                 http, "GET", f"/api/conversations/{skey}/events",
                 headers={"Last-Event-ID": str(first_id)},

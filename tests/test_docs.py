@@ -349,11 +349,11 @@ def test_the_lexicons_json_examples_are_valid_records() -> None:
 def test_the_readme_json_answers_have_the_live_routes_shape(docs: Docs) -> None:
     import httpx
 
-    from testbed.tls import tls
+    from turns.tls import tls_context
 
     token = re.search(r"TURND_ME_TOKEN=(\S+)", docs.export_line).group(1)  # type: ignore[union-attr]
     api = httpx.Client(base_url=docs.served.url, headers={"Authorization": f"Bearer {token}"},
-                       timeout=30, verify=tls())
+                       timeout=30, verify=tls_context())
     skey = api.post("/api/conversations", json={}).json()["skey"]
     posted = api.post(f"/api/conversations/{skey}/messages", json={
         "parts": [{"$type": "network.sharedcomputer.chat.defs#textPart", "text": "hi"}],

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply, ToolCall
-from testbed.tls import tls
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
 
@@ -269,7 +269,7 @@ async def test_api_key_enforced() -> None:
 
 
 def test_sync_use_and_keep_alive() -> None:
-    with FakeModel() as fake, httpx.Client(base_url=fake.base_url, verify=tls()) as http:
+    with FakeModel() as fake, httpx.Client(base_url=fake.base_url, verify=tls_context()) as http:
         for _ in range(3):
             r = http.post("/chat/completions", json={"model": "m", "stream": True, "messages": []})
             assert r.headers["content-type"].startswith("text/event-stream")
@@ -289,7 +289,7 @@ def test_cli_serves_default_reply() -> None:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())
         assert ready["base_url"].startswith("http://127.0.0.1:") and ready["base_url"].endswith("/v1")
-        with httpx.Client(base_url=ready["base_url"], verify=tls()) as http:
+        with httpx.Client(base_url=ready["base_url"], verify=tls_context()) as http:
             r = http.post("/chat/completions", json={"model": "m", "stream": True, "messages": []})
         data = [json.loads(ln[6:]) for ln in r.text.split("\n\n") if ln and ln != "data: [DONE]"]
         assert "".join(d["choices"][0]["delta"].get("content") or "" for d in data) == \

@@ -28,10 +28,10 @@ from recordstore import InvalidRecord
 from recordstore.lexicon import validate_record
 from recordstore.local import DB_NAME
 from testbed.fakemodel import FakeModel
-from testbed.tls import tls
 from tests.support.accounts import ALICE, ALICE_PASSWORD, ALICE_TOKEN, BOB, BOB_PASSWORD, BOB_TOKEN
 from tests.support.records import MESSAGE, TEXT, now_iso, user_message
 from tests.support.reliability import Turnd, wait_until
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.reliability
 
@@ -67,7 +67,7 @@ def _session(d: Turnd, handle: str, password: str) -> str:
 def _login(d: Turnd, handle: str, password: str) -> str:
     r = httpx.post(
         f"{d.url}/xrpc/com.atproto.server.createSession",
-        json={"identifier": handle, "password": password}, verify=tls(),
+        json={"identifier": handle, "password": password}, verify=tls_context(),
     )
     assert r.status_code == 200, r.text
     return r.json()["accessJwt"]
@@ -139,7 +139,7 @@ def test_openapi_fuzz_never_500(daemon: Turnd) -> None:
     print(f"\nschemathesis: {total} cases over {len(operations)} operations; "
           f"statuses {dict(sorted(statuses.items()))}")
     assert total >= 500
-    assert httpx.get(f"{daemon.url}/healthz", verify=tls()).status_code == 200
+    assert httpx.get(f"{daemon.url}/healthz", verify=tls_context()).status_code == 200
     assert "unhandled error" not in daemon.logs()
 
 
@@ -309,7 +309,7 @@ def test_refused_bodies_write_nothing(daemon: Turnd, conversation: dict[str, Any
         _error_shape(r)
         seen.append(f"{name}: {r.status_code} {r.json()['error']}")
         assert _keys(daemon) == before, f"{name} wrote something"
-    assert httpx.get(f"{daemon.url}/healthz", verify=tls()).status_code == 200
+    assert httpx.get(f"{daemon.url}/healthz", verify=tls_context()).status_code == 200
     assert "unhandled error" not in daemon.logs()
     print("\n" + "\n".join(seen))
 
@@ -344,7 +344,7 @@ def test_unknown_types_and_crafted_keys(daemon: Turnd, conversation: dict[str, A
         r = httpx.post(
             f"{daemon.url}/xrpc/com.atproto.repo.createRecord",
             headers=xrpc,
-            json={"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{rkey}", "record": record}, verify=tls(),
+            json={"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{rkey}", "record": record}, verify=tls_context(),
         )
         assert r.status_code == 200, r.text
 
@@ -425,16 +425,16 @@ def test_one_account_reaches_nothing_of_another(
                        "record": user_message("bob was here")}),
         ("deleteRecord", {"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{user_key}"}),
     ]:
-        r = httpx.post(f"{daemon.url}/xrpc/com.atproto.repo.{nsid}", headers=xrpc, json=body, verify=tls())
+        r = httpx.post(f"{daemon.url}/xrpc/com.atproto.repo.{nsid}", headers=xrpc, json=body, verify=tls_context())
         assert r.status_code in (400, 401, 403), (nsid, r.status_code, r.text)
     # Bob's API token is not an XRPC session, and bob's session is not an API token.
     r = httpx.post(
         f"{daemon.url}/xrpc/com.atproto.repo.createRecord",
         headers={"Authorization": f"Bearer {BOB_TOKEN}"},
         json={"repo": BOB, "collection": MESSAGE, "rkey": f"{skey}:3zzzzzzzzzzz8",
-              "record": user_message("x")}, verify=tls(),
+              "record": user_message("x")}, verify=tls_context(),
     )
     assert r.status_code in (400, 401), r.text
-    assert httpx.get(f"{daemon.url}/api/conversations", headers=xrpc, verify=tls()).status_code == 401
+    assert httpx.get(f"{daemon.url}/api/conversations", headers=xrpc, verify=tls_context()).status_code == 401
     assert _keys(daemon) == after_alice and before <= after_alice
     assert {k for k in after_alice if k[0] == BOB} <= {k for k in before if k[0] == BOB}

@@ -42,10 +42,10 @@ from recordstore.lexicon import validate_record
 from recordstore.local import DB_NAME
 from testbed.fakemodel import FakeModel, Reply
 from testbed.pds import PdsServer
-from testbed.tls import tls
 from tests.support.accounts import ALICE, ALICE_PASSWORD, ALICE_TOKEN
 from tests.support.records import INFO, MESSAGE, TEXT, now_iso, reply_text, user_message
 from tests.support.reliability import FakeProc, Turnd, wait_until, write_config
+from turns.tls import tls_context
 
 PLAIN = "network.sharedcomputer.chat.defs#plainContent"
 APP_PASSWORD_ENV = "T_PDS_APP_PASSWORD"
@@ -119,7 +119,7 @@ class Backend:
             f"{self.service_url(daemon)}/xrpc/com.atproto.repo.getRecord",
             params={"repo": self.did, "collection": MESSAGE, "rkey": f"{skey}:{key}"},
             headers=self.read_headers,
-            timeout=30, verify=tls(),
+            timeout=30, verify=tls_context(),
         )
         if r.status_code == 400 and r.json().get("error") == "RecordNotFound":
             return None
@@ -136,7 +136,7 @@ class Backend:
                 params={"repo": self.did, "collection": MESSAGE, "reverse": "true",
                         "cursor": cursor, "limit": 100},
                 headers=self.read_headers,
-                timeout=30, verify=tls(),
+                timeout=30, verify=tls_context(),
             )
             assert r.status_code == 200, r.text
             page = r.json()["records"]

@@ -19,10 +19,10 @@ import httpx
 
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
-from testbed.tls import tls
 from tests.support.cli import clean_env, turnd, wait_healthy
 from tests.support.sse import parse_events
 from turns.provider_errors import name_provider, shown_url
+from turns.tls import tls_context
 
 TEXT = "network.sharedcomputer.chat.defs#textPart"
 TOKEN = "tok-123456789"
@@ -99,7 +99,7 @@ models = ["{model}"]
 
 def _turn(url: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
     """Post one message; its reply's stream (read whole), its final record, the raw stream."""
-    api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60, verify=tls())
+    api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60, verify=tls_context())
     skey = api.post("/api/conversations", json={}).json()["skey"]
     posted = api.post(
         f"/api/conversations/{skey}/messages",
@@ -196,7 +196,7 @@ def test_a_failing_title_model_is_named_and_send_does_not_wait_for_its_title(
     skey = re.search(r"conversation (\S+)", sent.stderr).group(1)  # type: ignore[union-attr]
     with httpx.stream(
         "GET", f"{daemon.url}/api/conversations/{skey}/events",
-        headers={"Authorization": f"Bearer {TOKEN}", "Last-Event-ID": "0"}, timeout=10, verify=tls(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Last-Event-ID": "0"}, timeout=10, verify=tls_context(),
     ) as stream:
         failed, lines = None, stream.iter_lines()
         for line in lines:

@@ -18,6 +18,7 @@ import pytest
 
 from testbed.ports import free_port
 from tests.support.cli import ME_PASSWORD, ME_TOKEN, clean_env, me_config, wait_healthy
+from turns.tls import tls_context
 
 
 class Silent:
@@ -80,7 +81,8 @@ def test_a_provider_whose_models_never_answer_does_not_hold_the_picker(
     before = silent.accepted
     api = httpx.Client(
         base_url=daemon.url, headers={"Authorization": f"Bearer {ME_TOKEN}"},
-        timeout=30,  # a deadline well past the listing's 3 s, on a loaded machine, verify=tls()
+        timeout=30,  # a deadline well past the listing's 3 s, on a loaded machine
+        verify=tls_context(),
     )
     for _ in range(3):
         got = api.get("/api/models")

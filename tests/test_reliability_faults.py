@@ -21,10 +21,10 @@ import pytest
 
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
-from testbed.tls import tls
 from tests.support.records import TEXT, reply_text
 from tests.support.reliability import API_KEY, Turnd
 from tests.support.sse import parse_events
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.reliability
 
@@ -141,7 +141,7 @@ def test_model_faults_end_right_and_leak_no_key(tmp_path: Path) -> None:
                 print(f"fault {fault.name!r}: {value['status']} {value.get('error', '')!r} "
                       f"kept {reply_text(value)!r} in {took:.1f}s")
 
-            metrics = httpx.get(f"{d.url}/metrics", verify=tls()).text
+            metrics = httpx.get(f"{d.url}/metrics", verify=tls_context()).text
             conversations = api.get("/api/conversations").json()["conversations"]
             dumps = [api.get(f"/api/conversations/{c['skey']}").text for c in conversations]
             assert len(conversations) == len(_faults())

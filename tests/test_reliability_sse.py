@@ -21,11 +21,11 @@ import anyio
 import httpx
 import pytest
 
-from testbed.tls import tls
 from tests.support.accounts import ALICE_TOKEN
 from tests.support.records import TEXT, reply_text
 from tests.support.reliability import FakeProc, Turnd, wait_until
 from tests.support.sse import read_events
+from turns.tls import tls_context
 
 pytestmark = [pytest.mark.reliability, pytest.mark.anyio]
 
@@ -188,7 +188,7 @@ async def test_readers_that_never_read_do_not_slow_the_turn(tmp_path: Path) -> N
             sock.close()
         stuck.clear()
         await anyio.sleep(0.5)
-        async with httpx.AsyncClient(verify=tls()) as plain_http:
+        async with httpx.AsyncClient(verify=tls_context()) as plain_http:
             assert (await plain_http.get(f"{d.url}/healthz")).status_code == 200
         assert d.stop() == 0
     finally:

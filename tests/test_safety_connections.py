@@ -26,12 +26,12 @@ from daemon.connections import AcceptErrorLog
 from testbed.fakemodel import FakeModel, Reply
 from testbed.ports import free_port
 from testbed.processes import stop
-from testbed.tls import tls
 from tests.support.accounts import ALICE_TOKEN
 from tests.support.cli import TURND
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.reliability import clean_env, write_config
 from tests.support.sse import read_events as sse_events
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +82,7 @@ async def test_slow_request_heads_are_closed(tmp_path: Path, fake_model: FakeMod
         assert closed == 30
 
         # A kept-alive connection that answered a request is not cut while it works.
-        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls()) as client:
+        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls_context()) as client:
             for _ in range(3):
                 assert (await client.get("/healthz")).status_code == 200
 
@@ -172,7 +172,7 @@ def _until_healthy(url: str, interval: float, alive: Callable[[], bool], failure
     deadline = time.monotonic() + 30
     while True:
         try:
-            if httpx.get(url, timeout=2, verify=tls()).status_code == 200:
+            if httpx.get(url, timeout=2, verify=tls_context()).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -16,10 +16,10 @@ import pytest
 
 from daemon.hosts import OwnNames
 from testbed.fakemodel import FakeModel
-from testbed.tls import tls
 from tests.support.accounts import ALICE, ALICE_TOKEN, BOB_TOKEN
 from tests.support.daemon import running_daemon
 from tests.support.records import MESSAGE
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
 
@@ -48,7 +48,7 @@ async def test_dns_rebinding_is_refused_and_reads_need_a_login(
         await dm.post(skey, "my secret words")
         port = dm.service.port
         cursor = f"&cursor={skey}:"
-        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls()) as anon:
+        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls_context()) as anon:
             # The probe: the attacker's name, as the rebinding browser sends it.
             r = await anon.get(LIST + cursor, headers={"Host": f"attacker.example:{port}"})
             assert r.status_code == 400
@@ -103,7 +103,7 @@ async def test_public_reads_and_allowed_hosts(tmp_path: Path, fake_model: FakeMo
     async with running_daemon(tmp_path, fake_model, **tables) as dm:
         skey = await dm.conversation()
         await dm.post(skey, "open words")
-        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls()) as anon:
+        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls_context()) as anon:
             r = await anon.get(LIST + f"&cursor={skey}:", headers={"Host": "chat.example:1234"})
             assert r.status_code == 200 and "open words" in r.text
             r = await anon.get("/healthz", headers={"Host": "other.example:9000"})

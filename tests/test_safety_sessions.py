@@ -16,9 +16,9 @@ import pytest
 
 from daemon.sessions import LOGIN_WINDOW, LoginLimiter
 from testbed.fakemodel import FakeModel
-from testbed.tls import tls
 from tests.support.accounts import ALICE_PASSWORD, BOB_PASSWORD
 from tests.support.daemon import Daemon, running_daemon
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
 
@@ -49,7 +49,7 @@ async def test_wrong_passwords_lock_the_handle_and_the_address(
     clock = Clock()
     async with running_daemon(tmp_path, fake_model) as dm:
         dm.service.login_limiter = LoginLimiter(clock)  # type: ignore[attr-defined]
-        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls()) as anon:
+        async with httpx.AsyncClient(base_url=dm.base_url, timeout=10, verify=tls_context()) as anon:
             for _ in range(5):
                 r = await _login(anon, "alice.test", "wrong")
                 assert r.status_code == 401

@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply, ToolCall
-from testbed.tls import tls
 from tests.support.browser import (
     TOKEN,
     current_skey,
@@ -38,6 +37,7 @@ from tests.support.browser import (
 )
 from tests.support.browser import api as api  # noqa: F401 - the shared fixture
 from tests.support.browser import browser as browser  # noqa: F401 - the shared fixture
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.browser
 
@@ -114,14 +114,14 @@ def page(browser: Any, daemon: str) -> Iterator[Any]:
 
 
 def test_page_headers_and_sign_in(daemon: str, browser: Any) -> None:
-    r = httpx.get(f"{daemon}/", verify=tls())
+    r = httpx.get(f"{daemon}/", verify=tls_context())
     assert r.status_code == 200 and "<title>turnd</title>" in r.text
     csp = r.headers["content-security-policy"]
     assert "default-src 'self'" in csp and "script-src 'self'" in csp
     assert "connect-src 'self'" in csp and "img-src 'self' data: blob:" in csp
     assert "unsafe-inline" not in csp
-    assert httpx.get(f"{daemon}/app.js", verify=tls()).headers["content-security-policy"] == csp
-    assert httpx.get(f"{daemon}/api/models", verify=tls()).status_code == 401
+    assert httpx.get(f"{daemon}/app.js", verify=tls_context()).headers["content-security-policy"] == csp
+    assert httpx.get(f"{daemon}/api/models", verify=tls_context()).status_code == 401
 
     context = browser.new_context(base_url=daemon)
     page = context.new_page()

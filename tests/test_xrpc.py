@@ -15,10 +15,10 @@ from daemon import xrpc
 from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, SessionTokens, load_secret
 from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel
-from testbed.tls import tls
 from tests.support.accounts import ALICE, ALICE_PASSWORD, BOB
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.records import INFO, MESSAGE, text_part
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
 
@@ -240,7 +240,7 @@ async def test_put_swap_delete_and_blobs(tmp_path: Path, fake_model: FakeModel) 
         back = await client.com.atproto.sync.get_blob({"did": ALICE, "cid": uploaded.blob.ref.link})
         assert back == png
         # A Content-Type that is no media type is not trusted (and is no 500).
-        async with httpx.AsyncClient(base_url=dm.base_url, verify=tls()) as raw:
+        async with httpx.AsyncClient(base_url=dm.base_url, verify=tls_context()) as raw:
             r = await raw.post(
                 "/xrpc/com.atproto.repo.uploadBlob",
                 content=b"plain bytes",
@@ -295,7 +295,7 @@ async def test_errors_have_pds_names_and_write_nothing(
         assert await dm.store_keys(ALICE) == before_dup
         assert len(before_dup - before) == 1
 
-        raw = httpx.AsyncClient(base_url=dm.base_url + "/xrpc", verify=tls())
+        raw = httpx.AsyncClient(base_url=dm.base_url + "/xrpc", verify=tls_context())
         async with raw:
             create = "/com.atproto.repo.createRecord"
             r = await raw.post(create, json=ok)

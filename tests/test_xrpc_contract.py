@@ -23,9 +23,9 @@ from PIL import Image
 from recordstore.cid import record_cid
 from recordstore.vocabulary import FILE_PART, IMAGE_PART, MESSAGE, PLAIN_CONTENT, TEXT_PART
 from testbed.fakemodel import FakeModel
-from testbed.tls import tls
 from tests.support.accounts import ALICE_PASSWORD
 from tests.support.daemon import running_daemon
+from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +74,7 @@ class Target:
 async def _local(tmp_path: Path) -> AsyncIterator[Target]:
     with FakeModel() as fake:
         async with running_daemon(tmp_path, fake) as daemon:
-            async with httpx.AsyncClient(base_url=f"{daemon.base_url}/xrpc", timeout=20, verify=tls()) as http:
+            async with httpx.AsyncClient(base_url=f"{daemon.base_url}/xrpc", timeout=20, verify=tls_context()) as http:
                 yield await _login(http, "local", "alice.test", ALICE_PASSWORD)
 
 
@@ -82,7 +82,7 @@ async def _local(tmp_path: Path) -> AsyncIterator[Target]:
 async def _pds(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
     server = request.getfixturevalue("pds")
     account = server.create_account()
-    async with httpx.AsyncClient(base_url=f"{server.url}/xrpc", timeout=20, verify=tls()) as http:
+    async with httpx.AsyncClient(base_url=f"{server.url}/xrpc", timeout=20, verify=tls_context()) as http:
         yield await _login(http, "pds", account.handle, account.password)
 
 

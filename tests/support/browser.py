@@ -23,8 +23,8 @@ from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel
 from testbed.ports import free_port
 from testbed.processes import stop
-from testbed.tls import tls
 from tests.support.cli import TURND, clean_env, me_config, wait_healthy
+from turns.tls import tls_context
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -141,7 +141,7 @@ def open_page(browser: Any, url: str) -> Iterator[Any]:
 @pytest.fixture
 def api(daemon: str) -> Iterator[httpx.Client]:
     with httpx.Client(
-        base_url=daemon, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10, verify=tls()
+        base_url=daemon, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10, verify=tls_context()
     ) as client:
         yield client
 
@@ -172,7 +172,7 @@ def reply_to(page: Any, text: str) -> Any:
 
 def direct_write(url: str, skey: str, parent: str, text: str, **generation: Any) -> str:
     """A user message written through XRPC, as a stock atproto client would; its key."""
-    with httpx.Client(base_url=url, timeout=10, verify=tls()) as xrpc:
+    with httpx.Client(base_url=url, timeout=10, verify=tls_context()) as xrpc:
         session = xrpc.post(
             "/xrpc/com.atproto.server.createSession",
             json={"identifier": HANDLE, "password": PASSWORD},

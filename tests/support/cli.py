@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from testbed.tls import tls
+from turns.tls import tls_context
 
 TURND = str(Path(sys.executable).parent / "turnd")
 # The secrets me_config's account reads (its password and /api token).
@@ -77,7 +77,7 @@ def wait_healthy(url: str, timeout: float = 5) -> None:
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            last = httpx.get(f"{url}/healthz", timeout=2, verify=tls())
+            last = httpx.get(f"{url}/healthz", timeout=2, verify=tls_context())
             if last.status_code == 200:
                 return
         except httpx.HTTPError as err:

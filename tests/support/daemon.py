@@ -21,9 +21,9 @@ import httpx
 from daemon.config import build_config
 from daemon.service import Service
 from testbed.fakemodel import FakeModel
-from testbed.tls import tls
 from tests.support.accounts import ACCOUNT_ENV, ALICE, ALICE_TOKEN, BOB
 from tests.support.records import MESSAGE, text_part
+from turns.tls import tls_context
 
 _ENV = {**ACCOUNT_ENV, "T_FAKE_KEY": "sk-test-fake"}
 
@@ -40,7 +40,7 @@ class Daemon:
 
     def client(self, token: str | None = ALICE_TOKEN) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=10, verify=tls())
+        return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=10, verify=tls_context())
 
     async def conversation(self, **body: Any) -> str:
         r = await self.http.post("/api/conversations", json=body)
@@ -125,7 +125,7 @@ async def running_daemon(
         headers = {"Authorization": f"Bearer {ALICE_TOKEN}"}
         daemon: Daemon | None = None
         try:
-            async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10, verify=tls()) as http:
+            async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10, verify=tls_context()) as http:
                 daemon = Daemon(service, http, base_url, fake)
                 yield daemon
         finally:

@@ -31,11 +31,11 @@ import httpx
 
 from testbed.ports import free_port
 from testbed.processes import stop
-from testbed.tls import tls
 from tests.support import cli
 from tests.support.accounts import ACCOUNT_ENV, ALICE, ALICE_TOKEN, BOB
 from tests.support.cli import TURND
 from tests.support.records import MESSAGE, user_message
+from turns.tls import tls_context
 
 ROOT = Path(__file__).resolve().parents[2]
 # Not shaped like an OpenAI key, so only the configured-secret redaction can hide it.
@@ -173,7 +173,7 @@ class Turnd:
             raise AssertionError(f"{self.name} not serving after {timeout}s: {self.logs()}")
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2, verify=tls()).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=2, verify=tls_context()).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -221,7 +221,10 @@ class Turnd:
 
     def client(self, token: str = ALICE_TOKEN, timeout: float = 30) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, verify=tls()
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            verify=tls_context(),
         )
 
     def aclient(self, token: str = ALICE_TOKEN, timeout: float = 30, **kw: Any) -> httpx.AsyncClient:
@@ -229,8 +232,9 @@ class Turnd:
         # sent as the server closes it fails with ReadError (httpx retries no POST). A
         # client that lets idle connections go first never races the server's close.
         kw.setdefault("limits", httpx.Limits(keepalive_expiry=2.0))
+        kw.setdefault("verify", tls_context())
         return httpx.AsyncClient(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, **kw, verify=tls()
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout, **kw
         )
 
 
