@@ -107,9 +107,13 @@ class LocalDb:
         return cls(root, writer, reader)
 
     async def aclose(self) -> None:
-        self._quick_read.close()
-        await self._writer.close()
-        await self._reader.close()
+        # Shielded: an aiosqlite close() that is cancelled forgets its connection while
+        # the worker thread still runs, so a second close returns at once, and the thread
+        # later answers an event loop that has closed (a daemon stopped at once).
+        with anyio.CancelScope(shield=True):
+            self._quick_read.close()
+            await self._writer.close()
+            await self._reader.close()
 
     async def write(self, sql: str, params: Any) -> int:
         """Run one write statement (its own transaction); the number of rows it changed."""

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -221,6 +222,30 @@ async def test_reopen_keeps_records(tmp_path: Path) -> None:
         assert await store.get_record(DID, SPACE, MESSAGE, "k") is not None
     finally:
         await store.aclose()
+
+
+async def test_a_close_inside_a_cancelled_scope_still_ends_every_connection(
+    tmp_path: Path,
+) -> None:
+    # A daemon stopped at once (a second signal) closes its store inside a cancelled
+    # scope. An aiosqlite close that is itself cancelled forgets its connection while the
+    # connection's thread runs on: the reader's was never told to stop, and a thread
+    # that finished later answered an event loop that had closed (the suite's
+    # PytestUnhandledThreadExceptionWarning after tests/test_sse.py's queued turn).
+    def connections() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if "_connection_worker_thread" in t.name}
+
+    before = connections()
+    store = await LocalStore.open(tmp_path)
+    await store.create_record(DID, SPACE, MESSAGE, "k", message())
+    threads = connections() - before
+    assert len(threads) == 2  # the writer's and the reader's
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await store.aclose()
+    for thread in threads:
+        thread.join(5)
+    assert not [t.name for t in threads if t.is_alive()]
 
 
 # --- blobs ----------------------------------------------------------------------------

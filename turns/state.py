@@ -189,7 +189,8 @@ class StateDB:
         return True
 
     async def aclose(self) -> None:
-        await self._db.close()
+        with anyio.CancelScope(shield=True):  # as the store's (recordstore.local_db)
+            await self._db.close()
 
     async def _run(self, sql: str, args: tuple = ()) -> int:
         async with self._lock:
