@@ -280,7 +280,12 @@ def test_markdown_streams_in_batches_with_highlighted_code(page: Any, api: httpx
     md = reply.locator(".markdown")
     assert md.locator("h1").inner_text() == "Plan"
     code = md.locator("pre code")
-    assert code.locator("span.k", has_text="def").count() == 1  # Pygments' keyword token
+    from playwright.sync_api import expect
+
+    # Blocks still unrendered when the status came are rendered with the whole final reply
+    # (app.js renderMarkdownLater), a round trip after `complete`: expect waits for it (a
+    # plain count right after the status failed once under load).
+    expect(code.locator("span.k", has_text="def")).to_have_count(1)  # Pygments' keyword token
     assert code.inner_text() == CODE.rstrip("\n") or code.inner_text() == CODE
 
     # Copy: the code block's button, then the whole reply's.
