@@ -13,7 +13,7 @@ from daemon.config_file import ConfigError
 from daemon.echo import ECHO
 from daemon.exits import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail, short
 from turns.settings import Provider
-from turns.tls import tls_context
+from turns.tls import model_tls_context
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -82,7 +82,7 @@ async def check_provider(
     name = f"{provider.name} [{provider.label}]" if provider.label else provider.name
     where = provider.base_url
     if provider.name != ECHO:
-        http_client: Any = openai.DefaultAsyncHttpxClient(verify=tls_context())
+        http_client: Any = openai.DefaultAsyncHttpxClient(verify=model_tls_context())
     else:
         # The echo is served by `turnd serve`; check the same code in-process so this
         # works whether or not the daemon is running.

@@ -16,7 +16,7 @@ import httpx
 
 from daemon.config import Config
 from turns.settings import Provider
-from turns.tls import tls_context
+from turns.tls import model_tls_context
 
 LIST_TIMEOUT = 3.0  # seconds a provider's /models may take
 KEEP_SECONDS = 300.0  # an answer is reused this long
@@ -65,7 +65,7 @@ async def fetch_ids(provider: Provider) -> list[str] | None:
     """The ids ``GET {base_url}/models`` answers, or None when it does not (no key shown)."""
     headers = {"Authorization": f"Bearer {provider.api_key}"} if provider.api_key else {}
     try:
-        async with httpx.AsyncClient(timeout=LIST_TIMEOUT, verify=tls_context()) as http:
+        async with httpx.AsyncClient(timeout=LIST_TIMEOUT, verify=model_tls_context()) as http:
             response = await http.get(f"{provider.base_url}/models", headers=headers)
         if response.status_code != 200:
             return None

@@ -12,7 +12,7 @@ from turns.efforts import EFFORTS, Effort  # noqa: F401 - re-exported, the names
 from turns.provider_errors import NO_KEY
 from turns.retries import ReportingOpenAI
 from turns.settings import Provider
-from turns.tls import tls_context
+from turns.tls import model_tls_context
 
 # OpenAI-compatible `reasoning_effort` names the others as they are; `high` is its highest.
 _WIRE_EFFORT = {"max": "high"}
@@ -106,7 +106,7 @@ class Clients:
                 # between chunks is bounded by the read timeout instead.
                 timeout=openai.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0),
                 http_client=openai.DefaultAsyncHttpxClient(
-                    verify=tls_context(),
+                    verify=model_tls_context(),
                     limits=httpx2.Limits(
                         max_connections=1000, max_keepalive_connections=200
                     ),
