@@ -209,7 +209,6 @@ def test_reload_mid_stream_resumes_without_gap_or_repeat(page: Any, api: httpx.C
     )
     send(page, "slow story")
     reply = reply_to(page, "slow story")
-    plain = reply.locator(".plain")
     # Wait for a few words, then reload in the middle of the stream.
     page.wait_for_function(
         "() => (document.querySelector('li.reply .plain')?.textContent || '').length > 20"
@@ -222,11 +221,16 @@ def test_reload_mid_stream_resumes_without_gap_or_repeat(page: Any, api: httpx.C
     samples = []
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        status = reply.get_attribute("data-status")
+        # Status and text read in one step: read one after the other, the reply could
+        # finish in between, its plain text replaced by the rendered Markdown, and the
+        # text read then waited 10 s for a `.plain` that was gone.
+        status, text = reply.evaluate(
+            "li => [li.dataset.status, li.querySelector('.plain')?.textContent ?? null]"
+        )
         if status == "complete":
             break
-        if status == "pending" and plain.count():
-            samples.append(reply.locator(".plain").first.text_content() or "")
+        if status == "pending" and text is not None:
+            samples.append(text)
         time.sleep(0.05)
     wait_status(reply, "complete")
     # Every text shown while streaming was a prefix of the final text: nothing repeated,
