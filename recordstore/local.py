@@ -32,7 +32,7 @@ from recordstore.keys import (
     validate_space_key,
 )
 from recordstore.local_blobs import LocalBlobs
-from recordstore.local_db import DB_NAME, RECORD_COLS, LocalDb
+from recordstore.local_db import COLLECTION_IS, DB_NAME, RECORD_COLS, LocalDb
 from recordstore.local_feed import changes
 from recordstore.local_listing import newest, record_of, repo_page, space_page
 from recordstore.times import now_iso
@@ -40,7 +40,7 @@ from recordstore.write import MAX_BLOB_BYTES, MAX_RECORD_BYTES, PreparedWrite, p
 
 __all__ = ["DB_NAME", "LocalStore", "MAX_BLOB_BYTES", "MAX_RECORD_BYTES"]
 
-_WHERE_KEY = "did = ? AND space = ? AND collection = ? AND key = ?"
+_WHERE_KEY = f"did = ? AND space = ? AND {COLLECTION_IS} AND key = ?"
 _INSERT = f"INSERT INTO records ({RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?)"
 
 

@@ -22,7 +22,7 @@ from recordstore.local_bell import Bell, bell_for
 from recordstore.local_written import Written
 from recordstore.sqlite_quick import CACHE, Quick
 
-__all__ = ["DB_NAME", "NEWEST_INDEXES", "OP_COLS", "RECORD_COLS", "LocalDb"]
+__all__ = ["COLLECTION_IS", "DB_NAME", "NEWEST_INDEXES", "OP_COLS", "RECORD_COLS", "LocalDb"]
 
 DB_NAME = "store.sqlite3"
 _APPLICATION_ID = 0x7475726E  # "turn": SQLite's header field for "which app owns this file"
@@ -69,6 +69,13 @@ _INDEXES = [
 ]
 
 RECORD_COLS = "did, space, collection, key, cid, value"
+# A bound collection in a statement on ``records``, as an expression and not a bare ``?``.
+# SQLite tests a bare ``collection = ?`` against the partial index's ``WHERE collection =
+# '…'`` by the parameter's value, and a statement planned on a bound value is expired by
+# every bind of it: each read and write of a record was parsed and planned again, its
+# triggers too (a point read 17 → 8.5 µs, an update 256 → 195 µs here). The primary key
+# serves ``= CAST(? AS TEXT)`` as it served ``= ?``.
+COLLECTION_IS = "collection = CAST(? AS TEXT)"
 OP_COLS = "id, did, space, collection, key, op, cid, value"
 
 

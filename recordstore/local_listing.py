@@ -12,7 +12,7 @@ from typing import Any
 from recordstore import Record
 from recordstore.abilities import NewestQuery, RepoPage
 from recordstore.keys import repo_rkey
-from recordstore.local_db import NEWEST_INDEXES, RECORD_COLS, LocalDb
+from recordstore.local_db import COLLECTION_IS, NEWEST_INDEXES, RECORD_COLS, LocalDb
 
 __all__ = ["newest", "record_of", "repo_page", "space_page"]
 
@@ -37,7 +37,7 @@ async def space_page(
     reverse: bool,
 ) -> tuple[list[Record], str | None]:
     """One space's records of ``collection`` in key order (checked arguments)."""
-    where = "did = ? AND space = ? AND collection = ?"
+    where = f"did = ? AND space = ? AND {COLLECTION_IS}"
     records, more = await _page(
         db, where, [did, space, collection], "key", cursor, limit, reverse, quick=True
     )
@@ -46,7 +46,7 @@ async def space_page(
 
 async def repo_page(db: LocalDb, did: str, page: RepoPage) -> tuple[list[Record], str | None]:
     """The whole repo's records of a collection in rkey order (checked arguments)."""
-    where = "did = ? AND collection = ?"
+    where = f"did = ? AND {COLLECTION_IS}"
     params: list[Any] = [did, page.collection]
     descending = not page.reverse
     records, more = await _page(db, where, params, _RKEY, page.cursor, page.limit, descending)
@@ -99,7 +99,7 @@ async def newest(db: LocalDb, did: str, query: NewestQuery) -> list[tuple[str | 
         params: list[Any] = [did, q.space]
     else:
         ordering = f"coalesce(json_extract(value, '$.{q.order}'), '')"
-        sql = f"SELECT key{columns} FROM records WHERE did = ? AND space = ? AND collection = ?"
+        sql = f"SELECT key{columns} FROM records WHERE did = ? AND space = ? AND {COLLECTION_IS}"
         params = [did, q.space, q.collection]
     if q.before is not None:
         sql += f" AND ({ordering}, key) < (?, ?)"

@@ -29,6 +29,7 @@ from recordstore import (
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import DB_NAME, LocalStore
+from recordstore.local_db import COLLECTION_IS, RECORD_COLS
 from tests.support.feeds import take
 from tests.support.records import stored_message as message
 from tests.support.strategies import valid_messages
@@ -246,6 +247,41 @@ async def test_a_close_inside_a_cancelled_scope_still_ends_every_connection(
     for thread in threads:
         thread.join(5)
     assert not [t.name for t in threads if t.is_alive()]
+
+
+async def test_a_record_statement_is_compiled_once_however_often_it_is_bound(
+    tmp_path: Path,
+) -> None:
+    # SQLite asks its authorizer about every table and column a statement touches while
+    # it compiles it, and only then: a call on the second run is a recompilation. A bare
+    # `collection = ?` is planned on the bound value (the partial index's condition names a
+    # collection), so each new bind recompiled it; recordstore.local_db.COLLECTION_IS is not.
+    store = await LocalStore.open(tmp_path)
+    for key in ("a", "b"):
+        await store.create_record(DID, SPACE, MESSAGE, key, message())
+    await store.aclose()
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    compiled: list[object] = []
+
+    def authorizer(*args: object) -> int:
+        compiled.append(args)
+        return sqlite3.SQLITE_OK
+
+    db.set_authorizer(authorizer)
+
+    def compilations(collection_is: str) -> int:
+        sql = (f"SELECT {RECORD_COLS} FROM records"
+               f" WHERE did = ? AND space = ? AND {collection_is} AND key = ?")
+        assert db.execute(sql, (DID, SPACE, MESSAGE, "a")).fetchall()
+        compiled.clear()
+        assert db.execute(sql, (DID, SPACE, MESSAGE, "b")).fetchall()
+        return len(compiled)
+
+    try:
+        assert compilations("collection = ?") > 0
+        assert compilations(COLLECTION_IS) == 0
+    finally:
+        db.close()
 
 
 # --- blobs ----------------------------------------------------------------------------
