@@ -238,10 +238,7 @@ class Service:
                 store = self.store = await open_store(self.config)
             except (OSError, ValueError, StoreError) as err:
                 raise ServiceError(f"{key}: cannot open the store: {err}") from None
-            # aclose again, shielded, after the context exits: a second signal cancels
-            # that exit, and an open connection would keep the process alive.
-            stack.push_async_callback(_close, store.aclose)
-            await stack.enter_async_context(store)
+            await stack.enter_async_context(store)  # closed even when that exit is cancelled
             self._learn_dids()
             try:
                 state = self.state = await StateDB.open(self.config.state_path)

@@ -16,6 +16,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import anyio
+
 from recordstore.errors import (
     BlobNotFound,
     InvalidKey,
@@ -199,4 +201,7 @@ class RecordStore(abc.ABC):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        # Shielded and bounded: a second signal cancels the daemon's exit, and a connection
+        # left open (an aiosqlite worker thread) would keep the process alive after it.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await self.aclose()

@@ -261,5 +261,5 @@ class _Opening:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._store is not None
-        await self._store.aclose()
+        await self._store.__aexit__(*exc)
 
