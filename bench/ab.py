@@ -5,8 +5,8 @@ one after the other do not compare. Here both daemons are up at once, each with 
 own fake model server, and the same phase alternates between them (A, B, A, B …), so
 whatever load there is falls on both alike. What it prints: per build, the median over
 the rounds of CPU per turn (short turns, 5 tokens, 20 at a time, the relay not
-subtracted), of turns per second of CPU and of the first-token overhead, and B's
-figure over A's.
+subtracted), of turns per second of CPU, of the first-token overhead and of a direct
+XRPC write's time to its claim, and B's figure over A's.
 
     python -m bench.ab --a "turnd" --b "env PYTHONPATH=/path/to/tree python -m daemon.cli"
     python -m bench.ab --a "env TURND_X=0 turnd" --b "env TURND_X=1 turnd" --rounds 6
@@ -56,10 +56,13 @@ async def _rounds(a: list[str], b: list[str], rounds: int, turns: int,
                     figures |= fig
                 for fig in await measure.ttft(turnd, fake, 1, samples, _quiet):
                     figures |= fig
+                for fig in await measure.claims(turnd, 1, samples, _quiet):
+                    figures |= fig
                 for key, value in figures.items():
                     got[side].setdefault(key, []).append(value)
                 _log(f"round {n + 1}/{rounds} {side}: CPU {figures['turnd_cpu_ms_per_turn']:.2f} "
-                     f"ms a turn, first-token overhead {figures['ttft_overhead_ms_p50']:.2f} ms")
+                     f"ms a turn, first-token overhead {figures['ttft_overhead_ms_p50']:.2f} ms, "
+                     f"claimed {figures['claim_latency_ms_p50']:.2f} ms")
     return got
 
 
@@ -67,7 +70,7 @@ def _quiet(_text: str) -> None:
     pass
 
 
-KEYS = ("turnd_cpu_ms_per_turn", "turns_per_s", "ttft_overhead_ms_p50")
+KEYS = ("turnd_cpu_ms_per_turn", "turns_per_s", "ttft_overhead_ms_p50", "claim_latency_ms_p50")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,8 @@ import anyio
 import httpx
 import openai
 
+from recordstore.local_db import COLLECTION_IS
+
 # Re-exported: the bench's other modules spell the names through this one.
 from recordstore.vocabulary import INFO as INFO
 from recordstore.vocabulary import MESSAGE as MESSAGE
@@ -257,7 +259,7 @@ class ClaimWatcher:
 
     def claimed(self, skey: str, key: str) -> bool:
         row = self._db.execute(
-            "SELECT 1 FROM records WHERE did = ? AND space = ? AND collection = ? AND key = ?",
+            f"SELECT 1 FROM records WHERE did = ? AND space = ? AND {COLLECTION_IS} AND key = ?",
             (self._did, skey, MESSAGE, key),
         ).fetchone()
         return row is not None

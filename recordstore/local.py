@@ -42,6 +42,7 @@ __all__ = ["DB_NAME", "LocalStore", "MAX_BLOB_BYTES", "MAX_RECORD_BYTES"]
 
 _WHERE_KEY = f"did = ? AND space = ? AND {COLLECTION_IS} AND key = ?"
 _INSERT = f"INSERT INTO records ({RECORD_COLS}) VALUES (?, ?, ?, ?, ?, ?)"
+_SPACE_EXISTS = "SELECT 1 FROM spaces WHERE did = ? AND skey = ?"
 
 
 class LocalStore(RecordStore):
@@ -79,6 +80,11 @@ class LocalStore(RecordStore):
         validate_did(did)
         validate_collection(space_type)
         validate_space_key(skey)
+        # Most calls are for a space that exists (every XRPC write makes its space, as an
+        # /api write does): a read on the loop's thread, not a write through the writer's,
+        # which would hold the write lock a claim's placeholder is waiting for.
+        if await self._db.read_short(_SPACE_EXISTS, (did, skey)):
+            return
         await self._db.write(
             "INSERT INTO spaces (did, skey, type, created_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING",

@@ -99,6 +99,33 @@ async def test_spaces_are_idempotent(store: LocalStore) -> None:
         await store.create_space(DID, "network.sharedcomputer.chat.conversation", "a:b")
 
 
+async def test_an_existing_space_is_not_written_again(store: LocalStore) -> None:
+    # Every XRPC write makes its space: for one that exists (nearly every call) that is a
+    # read, so it does not queue behind the writes in flight, a claim's placeholder among
+    # them. With the write lock held, a new space waits for it; an existing one does not.
+    conversation = "network.sharedcomputer.chat.conversation"
+    await store.create_space(DID, conversation, SPACE)
+    held, release = anyio.Event(), anyio.Event()
+
+    async def hold() -> None:  # a write in flight, from another task
+        async with store._db.write_lock:
+            held.set()
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold)
+        await held.wait()
+        with anyio.fail_after(2):
+            await store.create_space(DID, conversation, SPACE)
+        with anyio.move_on_after(0.2) as waited:
+            await store.create_space(DID, conversation, "3m2a4b5c6d7e3")
+        assert waited.cancelled_caught
+        release.set()
+    await store.create_space(DID, conversation, "3m2a4b5c6d7e3")
+    with pytest.raises(InvalidKey):  # checked before the read, as before the write
+        await store.create_space(DID, conversation, "a:b")
+
+
 @settings(
     max_examples=75, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
