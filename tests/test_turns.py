@@ -746,3 +746,24 @@ async def test_shutdown_stops_queued_turns_at_once_and_keeps_their_requests_for_
             await kit.engine.shutdown(grace=30)
         assert second.reply_key not in await kit.messages(skey)
         assert [r.user_key for r in await kit.state.requests()] == [second.user_key]
+
+
+async def test_the_first_delta_of_a_burst_reaches_subscribers_before_the_rest_is_parsed(
+    tmp_path, fake
+):
+    # 400 deltas in one write, as a provider or a proxy may send them: parsed without the
+    # loop running anything else, a subscriber's first batch would hold all of them.
+    fake.push(Reply.text([f"t{i} " for i in range(400)]).delayed(ttft=0.3))
+    async with turn_kit(tmp_path, fake) as kit:
+        skey = await kit.conversation(title="t")
+        posted = await kit.post(skey, "hi")
+        buffer = kit.engine.stream(DID, skey, posted.reply_key)
+        assert buffer is not None
+        batches = []
+        with anyio.fail_after(10):
+            async for batch in buffer.batches():
+                batches.append([e.event for e in batch])
+        first = next(b for b in batches if "delta" in b)
+        assert first.count("delta") < 10, first
+        assert sum(b.count("delta") for b in batches) == 400
+        assert texts(await kit.reply(skey, posted.reply_key)) == "".join(f"t{i} " for i in range(400))

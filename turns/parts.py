@@ -59,6 +59,7 @@ class PartsBuilder:
         self._buffer = buffer
         self._run: _Run | None = None
         self.first_delta_at: float | None = None  # monotonic time of the first token
+        self.streamed = 0  # text and reasoning deltas published so far
 
     # -- streamed text and reasoning --------------------------------------------------
 
@@ -93,6 +94,7 @@ class PartsBuilder:
 
     def _append(self, run: _Run, delta: str) -> None:
         run.chunks.append(delta)
+        self.streamed += 1
         if self.first_delta_at is None:
             self.first_delta_at = time.monotonic()
         if self._buffer is not None:
