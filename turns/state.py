@@ -348,10 +348,6 @@ async def _connect(path: Path) -> aiosqlite.Connection:
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA busy_timeout=5000")
-        # 256 KiB of page cache, not SQLite's 2 MB: a turn touches the claim rows and the
-        # usage table's newest leaves; the default filled with old usage rows as the file
-        # grew, ~0.5 MB of RSS after 1000 turns (SPEC §10's growth, README "Benchmarks").
-        await db.execute("PRAGMA cache_size=-256")
     except Exception as exc:
         await db.close()
         raise ValueError(f"{path}: not a turnd state file ({exc})") from None
