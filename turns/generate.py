@@ -41,8 +41,10 @@ DRAIN_SECONDS = 0.1  # after [DONE], for the body's end (turns.generate._drain)
 # A burst of chunks already read (a provider or a proxy that sends them together) is
 # parsed without the loop running anything else: 200 chunks held the first delta back
 # from its subscribers ~3 ms, and every other turn waited as long. The step lets the
-# loop run after its first published delta, then after each RELAY_SLICE of parsing.
-RELAY_SLICE = 0.002
+# loop run after its first published delta, then after each RELAY_SLICE of parsing (0.5 ms:
+# a [cluster] mirror's pipelined XADD needs a few turns of the loop; with 2 ms the stream
+# read on another instance was 1–2 ms later, README "Benchmarks").
+RELAY_SLICE = 0.0005
 
 
 class _TooLong(TurnFailed, PromptTooLong):
