@@ -40,10 +40,13 @@ MAX_ERROR = 500
 DRAIN_SECONDS = 0.1  # after [DONE], for the body's end (turns.generate._drain)
 # A burst of chunks already read (a provider or a proxy that sends them together) is
 # parsed without the loop running anything else: 200 chunks held the first delta back
-# from its subscribers ~3 ms, and every other turn waited as long. The step lets the
-# loop run after its first published delta, then after each RELAY_SLICE of parsing (0.5 ms:
-# a [cluster] mirror's pipelined XADD needs a few turns of the loop; with 2 ms the stream
-# read on another instance was 1–2 ms later, README "Benchmarks").
+# from its subscribers ~3 ms, and every other turn waited as long. When a data line follows
+# the one before within RELAY_GAP, it was read without a wait, so the subscribers of what
+# was published since have not run: the step lets the loop run first, at most once per
+# RELAY_SLICE (0.5 ms: a [cluster] mirror's pipelined XADD needs a few turns of the loop;
+# with 2 ms the stream read on another instance was 1–2 ms later, README "Benchmarks").
+# Lines that were waited for let the loop run anyway: no pass of the loop is added for them.
+RELAY_GAP = 0.0002
 RELAY_SLICE = 0.0005
 
 
@@ -185,10 +188,19 @@ async def _stream_step(
     try:
         async with _chat_stream(client, body) as response:
             lines = response.aiter_lines()
-            relayed, relay_at = parts.streamed, 0.0  # the loop runs at the first delta
+            relayed = parts.streamed  # deltas published before the loop last ran
+            line_at = relay_at = 0.0
             async for line in lines:
                 if not line.startswith("data:"):
                     continue
+                now = time.monotonic()
+                if parts.streamed != relayed:
+                    if now - line_at > RELAY_GAP:
+                        relayed = parts.streamed  # this line was waited for: the loop ran
+                    elif now >= relay_at:
+                        relayed, relay_at = parts.streamed, now + RELAY_SLICE
+                        await anyio.lowlevel.checkpoint()  # a burst: the subscribers first
+                line_at = now
                 data = line[5:].strip()
                 if data == "[DONE]":
                     await _drain(lines)
@@ -207,9 +219,6 @@ async def _stream_step(
                     delta = choice.get("delta")
                     if delta:
                         _apply_delta(delta, parts, calls)
-                        if parts.streamed != relayed and (now := time.monotonic()) >= relay_at:
-                            relayed, relay_at = parts.streamed, now + RELAY_SLICE
-                            await anyio.lowlevel.checkpoint()  # the subscribers' turn
     except (ModelFailed, _TooLong):
         raise
     except (TurnFailed, openai.APIError, httpx2.HTTPError) as exc:
