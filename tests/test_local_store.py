@@ -30,6 +30,7 @@ from recordstore.cid import record_cid
 from recordstore.keys import new_tid
 from recordstore.local import DB_NAME, LocalStore
 from recordstore.local_db import COLLECTION_IS, RECORD_COLS
+from recordstore.local_written import Written
 from tests.support.feeds import take
 from tests.support.records import stored_message as message
 from tests.support.strategies import valid_messages
@@ -389,8 +390,6 @@ async def test_feed_reports_invalid_stored_records(store: LocalStore, tmp_path: 
 
 
 def test_the_feed_skips_validation_only_for_the_exact_rows_this_process_wrote() -> None:
-    from recordstore.local_written import Written
-
     written = Written(keep=2)
     row = (DID, SPACE, MESSAGE, "a", "bafya", '{"x":1}')
     written.add(*row)
