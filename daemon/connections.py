@@ -42,6 +42,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from daemon.head_with_body import HeadWithBody
+
 __all__ = ["AcceptErrorLog", "GuardedHttp", "connection_limit", "guarded_protocol"]
 
 log = logging.getLogger("turnd.http")
@@ -111,7 +113,8 @@ class GuardedHttp(HttpToolsProtocol):
         self._stuck_since: float | None = None  # blocked writes after the turn ended
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # A response's head and its body in one send (daemon.head_with_body).
+        super().connection_made(HeadWithBody(transport, self.loop))
         # The descriptor limit is read per connection: it can be changed while running.
         if len(self.connections) > connection_limit(self.max_connections):
             self._refuse()

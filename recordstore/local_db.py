@@ -20,7 +20,7 @@ from recordstore import CONVERSATION_REF, StoreError
 from recordstore.files import private_dir, private_file
 from recordstore.local_bell import Bell, bell_for
 from recordstore.local_written import Written
-from recordstore.sqlite_quick import CACHE, Quick
+from recordstore.sqlite_quick import CACHE, Quick, QuickWrite
 
 __all__ = ["COLLECTION_IS", "DB_NAME", "NEWEST_INDEXES", "OP_COLS", "RECORD_COLS", "LocalDb"]
 
@@ -91,10 +91,11 @@ class LocalDb:
         self.write_lock = anyio.Lock()
         self.bell: Bell = bell_for(self.path)
         self._functions: set[str] = set()
-        # Point reads without a thread hop when SQLite can do them at once
-        # (recordstore.sqlite_quick); this process's own writes, which its feeds need not
-        # validate again (recordstore.local_written).
+        # Point reads and one-statement writes without a thread hop when SQLite can do
+        # them at once (recordstore.sqlite_quick); this process's own writes, which its
+        # feeds need not validate again (recordstore.local_written).
         self._quick_read = Quick(self.path)
+        self._quick_write = QuickWrite(self.path)
         self.written = Written()
 
     @classmethod
@@ -119,15 +120,24 @@ class LocalDb:
         # later answers an event loop that has closed (a daemon stopped at once).
         with anyio.CancelScope(shield=True):
             self._quick_read.close()
+            self._quick_write.close()
             await self._writer.close()
             await self._reader.close()
 
     async def write(self, sql: str, params: Any) -> int:
         """Run one write statement (its own transaction); the number of rows it changed."""
-        # Through the worker thread, not on the loop's (recordstore.sqlite_quick): a commit
-        # is file I/O, and 1000 turns' writes at once on the loop starved their model calls.
-        async with self.write_lock:
-            return await self.write_locked(sql, params)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        # On the loop's thread while SQLite's write lock is free and the loop has time to
+        # spare (recordstore.sqlite_quick); else through the worker thread, in turn. The
+        # anyio lock is not taken here: SQLite's own lock orders this write against the
+        # thread's (a write the thread is running makes this one busy, so it queues).
+        changed = self._quick_write.write(sql, params)
+        if changed is None:
+            async with self.write_lock:
+                return await self.write_locked(sql, params)
+        if changed:
+            self.bell.ring()
+        return changed
 
     async def write_locked(self, sql: str, params: Any) -> int:
         """:meth:`write`, for a caller that holds :attr:`write_lock`."""

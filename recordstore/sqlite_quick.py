@@ -1,4 +1,4 @@
-"""SQLite reads on the event loop's own thread, for statements that never wait: no thread hop.
+"""SQLite statements on the event loop's own thread, when they need not wait: no thread hop.
 
 A statement through aiosqlite hands its work to a worker thread and the result back:
 about 80 µs of CPU in hand-offs around a point read SQLite does in 10–30 µs. In WAL mode
@@ -8,18 +8,22 @@ would wait (a WAL being recovered), one asked for from another thread, or one th
 any SQLite error answers None. The caller then goes through its worker thread, which
 waits and reports errors as it always did.
 
-Writes stay on the worker thread: run on the loop's, they stalled the loop under 1000
-concurrent turns (README, "Issue 18, third round").
+Writes (:class:`QuickWrite`) run here only while they are cheap for the loop: one that would
+wait for SQLite's write lock (another connection or process is writing) answers None, and
+so does every write once the loop has spent its share of time writing. Run on the loop
+without that share, writes stalled it under 1000 concurrent turns (docs/performance-history.md,
+"third round"); through the worker thread SQLite runs beside the loop, on the other core.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE", "Quick"]
+__all__ = ["CACHE", "Quick", "QuickWrite"]
 
 # The store's page cache per connection: 512 KiB, not SQLite's 2 MB default. A reader's
 # is cleared whenever another connection wrote since its last read (WAL), nearly every
@@ -61,6 +65,84 @@ class Quick:
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout = 0")
             conn.execute("PRAGMA query_only = 1")
+            conn.execute(CACHE)
+        except sqlite3.Error:
+            self._broken = True
+            return None
+        self._conn, self._thread = conn, threading.get_ident()
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._broken = True
+
+
+# The loop's share of time for writes (a token bucket in seconds): at most SHARE of the
+# loop's time on average, and BURST at once. A write on the loop costs 20-60 µs of CPU
+# against ~120 µs through aiosqlite's thread, and on the claim's path the hops cost
+# more in latency than in CPU (README, "Benchmarks").
+SHARE = 0.1
+BURST = 0.002
+# SQLite checkpoints the WAL in the connection that commits past 1000 pages: not this one
+# (a checkpoint syncs the file). Every CHECKPOINT_EVERY-th write goes to the worker thread
+# instead, whose commit checkpoints as SQLite always does.
+CHECKPOINT_EVERY = 64
+
+
+class QuickWrite:
+    """One writer connection to ``path`` for the thread that first uses it.
+
+    ``write`` answers the number of rows changed, or None when the statement was not run
+    (busy, over the share, another thread, a broken connection): the caller then runs it
+    through its worker thread, which waits, checkpoints and reports errors as it always did.
+    ``sqlite3.IntegrityError`` is raised as it is: that is the statement's answer.
+    """
+
+    def __init__(self, path: Path, *, share: float | None = None, burst: float | None = None) -> None:
+        self._path = path
+        self._share = SHARE if share is None else share
+        self._burst = BURST if burst is None else burst
+        self._tokens = self._burst
+        self._refilled = time.perf_counter()
+        self._count = 0
+        self._conn: sqlite3.Connection | None = None
+        self._thread: int | None = None
+        self._broken = False
+
+    def write(self, sql: str, params: Any, *, many: bool = False) -> int | None:
+        """Run ``sql`` with ``params`` (``many``: with each of them, as ``executemany``)."""
+        now = time.perf_counter()
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._share)
+        self._refilled = now
+        self._count += 1
+        if self._tokens <= 0 or self._count % CHECKPOINT_EVERY == 0:
+            return None
+        conn = self._connection()
+        if conn is None:
+            return None
+        try:
+            run = conn.executemany if many else conn.execute
+            changed = run(sql, params).rowcount
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error:
+            return None  # busy (no wait here), or a real error the worker thread reports
+        finally:
+            self._tokens -= time.perf_counter() - now
+        return changed
+
+    def _connection(self) -> sqlite3.Connection | None:
+        if self._broken:
+            return None
+        if self._conn is not None:
+            return self._conn if threading.get_ident() == self._thread else None
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA busy_timeout = 0")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
             conn.execute(CACHE)
         except sqlite3.Error:
             self._broken = True

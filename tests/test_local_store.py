@@ -25,6 +25,7 @@ from recordstore import (
     InvalidRecord,
     RecordExists,
     StoreError,
+    sqlite_quick,
 )
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
@@ -100,31 +101,72 @@ async def test_spaces_are_idempotent(store: LocalStore) -> None:
         await store.create_space(DID, "network.sharedcomputer.chat.conversation", "a:b")
 
 
-async def test_an_existing_space_is_not_written_again(store: LocalStore) -> None:
+async def test_an_existing_space_is_not_written_again(store: LocalStore, tmp_path: Path) -> None:
     # Every XRPC write makes its space: for one that exists (nearly every call) that is a
     # read, so it does not queue behind the writes in flight, a claim's placeholder among
-    # them. With the write lock held, a new space waits for it; an existing one does not.
+    # them. With SQLite's write lock held elsewhere, a new space waits for it; an
+    # existing one does not.
     conversation = "network.sharedcomputer.chat.conversation"
     await store.create_space(DID, conversation, SPACE)
-    held, release = anyio.Event(), anyio.Event()
-
-    async def hold() -> None:  # a write in flight, from another task
-        async with store._db.write_lock:
-            held.set()
-            await release.wait()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(hold)
-        await held.wait()
+    other = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # a write in flight, from another connection
+    try:
         with anyio.fail_after(2):
             await store.create_space(DID, conversation, SPACE)
         with anyio.move_on_after(0.2) as waited:
             await store.create_space(DID, conversation, "3m2a4b5c6d7e3")
         assert waited.cancelled_caught
-        release.set()
+    finally:
+        other.execute("COMMIT")
+        other.close()
     await store.create_space(DID, conversation, "3m2a4b5c6d7e3")
     with pytest.raises(InvalidKey):  # checked before the read, as before the write
         await store.create_space(DID, conversation, "a:b")
+
+
+async def test_a_write_that_finds_the_file_busy_waits_for_it(store: LocalStore, tmp_path: Path) -> None:
+    # A write runs on the loop's thread only when SQLite can do it at once; held by
+    # another process (here a connection), it goes through the writer's thread and waits.
+    other = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    done = anyio.Event()
+
+    async def write() -> None:
+        await store.create_record(DID, SPACE, MESSAGE, "3m2a4b5c6d7e4", message())
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write)
+        await anyio.sleep(0.2)
+        assert not done.is_set()
+        assert op_count(tmp_path) == 0
+        other.execute("COMMIT")
+        with anyio.fail_after(5):
+            await done.wait()
+    other.close()
+    assert (await store.get_record(DID, SPACE, MESSAGE, "3m2a4b5c6d7e4")) is not None
+
+
+async def test_the_wal_is_checkpointed_though_writes_run_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop's writer never checkpoints (a checkpoint syncs the file); every so many
+    # writes go through the worker thread, whose commit checkpoints as SQLite does.
+    # Without them this WAL would grow past 20 MB here. (The loop's share of time is
+    # unbounded here, so that no write goes to the thread for that reason.)
+    monkeypatch.setattr(sqlite_quick, "SHARE", 1.0)
+    monkeypatch.setattr(sqlite_quick, "BURST", 1e9)
+    async with LocalStore.open(tmp_path) as store:
+        await _fill(store)
+        # Measured while open: the last connection to close checkpoints and removes it.
+        assert (tmp_path / f"{DB_NAME}-wal").stat().st_size < 8 * 1024 * 1024
+
+
+async def _fill(store: LocalStore) -> None:
+    value = message()
+    value["content"]["parts"][0]["text"] = "x" * 3000
+    for _ in range(3000):
+        await store.create_record(DID, SPACE, MESSAGE, new_tid(), value)
 
 
 @settings(

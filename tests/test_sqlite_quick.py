@@ -1,13 +1,14 @@
-"""recordstore.sqlite_quick: reads on the calling thread that never wait."""
+"""recordstore.sqlite_quick: reads and writes on the calling thread that never wait."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 import pytest
 
-from recordstore.sqlite_quick import Quick
+from recordstore.sqlite_quick import CHECKPOINT_EVERY, Quick, QuickWrite
 
 
 @pytest.fixture
@@ -51,3 +52,60 @@ def test_another_thread_or_a_closed_reader_answers_none(db):
     assert answers == [None]
     reader.close()
     assert reader.read("SELECT 1", ()) is None
+
+
+# -- writes ---------------------------------------------------------------------------------
+
+
+def test_a_write_runs_on_the_calling_thread_and_its_answer_is_the_rows_changed(db):
+    path, other = db
+    writer = QuickWrite(path)
+    assert writer.write("INSERT INTO t VALUES (?, ?)", ("a", "1")) == 1
+    assert writer.write("INSERT INTO t VALUES (?, ?)", [("b", "2"), ("c", "3")], many=True) == 2
+    assert other.execute("SELECT count(*) FROM t").fetchone() == (3,)
+    with pytest.raises(sqlite3.IntegrityError):  # the statement's own answer, as it is
+        writer.write("INSERT INTO t VALUES (?, ?)", ("a", "again"))
+    writer.close()
+    assert writer.write("INSERT INTO t VALUES ('d', '4')", ()) is None
+
+
+def test_a_write_that_would_wait_for_the_lock_is_not_run(db):
+    path, other = db
+    writer = QuickWrite(path)
+    other.execute("BEGIN IMMEDIATE")
+    started = time.perf_counter()
+    assert writer.write("INSERT INTO t VALUES ('a', '1')", ()) is None
+    assert time.perf_counter() - started < 0.5  # answered at once, not after a timeout
+    other.execute("COMMIT")
+    assert other.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append(writer.write("DELETE FROM t", ())))
+    thread.start()
+    thread.join()
+    assert writer.write("INSERT INTO t VALUES ('a', '1')", ()) == 1
+    assert answers == [None]  # the connection belongs to the thread that first used it
+    writer.close()
+
+
+def test_writes_stop_once_the_loop_has_spent_its_share(db):
+    path, other = db
+    writer = QuickWrite(path, share=0.0, burst=0.0005)
+    answers = [writer.write("INSERT INTO t VALUES (?, '1')", (str(i),)) for i in range(200)]
+    # The burst is spent by the first writes; with no refill, none runs after that.
+    assert answers[0] == 1
+    assert answers[-1] is None
+    ran = sum(1 for a in answers if a == 1)
+    assert other.execute("SELECT count(*) FROM t").fetchone() == (ran,)
+    assert ran < 200
+    writer.close()
+
+
+def test_every_so_many_writes_one_is_left_to_the_worker_thread(db):
+    path, _ = db
+    writer = QuickWrite(path, share=1.0, burst=10.0)
+    answers = [writer.write("INSERT INTO t VALUES (?, '1')", (str(i),)) for i in range(3 * CHECKPOINT_EVERY)]
+    # Its commit checkpoints the WAL; this connection never does (wal_autocheckpoint = 0).
+    assert [i + 1 for i, a in enumerate(answers) if a is None] == [
+        CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY, 3 * CHECKPOINT_EVERY
+    ]
+    writer.close()

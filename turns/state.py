@@ -13,11 +13,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import anyio
 
 from recordstore.files import private_file
+from recordstore.sqlite_quick import QuickWrite
 
 log = logging.getLogger("turnd.turns")
 
@@ -149,6 +151,10 @@ class StateDB:
         self.instance_id = instance_id
         self._path = path
         self._inode = _inode(path) if path is not None else None
+        # A turn's rows (its claim, its usage) are written on the loop's thread when
+        # SQLite can do it at once (recordstore.sqlite_quick): the claim row is on the
+        # way to the model call.
+        self._quick = QuickWrite(path) if path is not None else None
 
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
@@ -185,17 +191,39 @@ class StateDB:
                 await self._db.execute("VACUUM INTO ?", (str(self._path),))
             old, self._db = self._db, await _connect(self._path)
             await old.close()
+            if self._quick is not None:
+                self._quick.close()
+                self._quick = QuickWrite(self._path)
             self._inode = _inode(self._path)
         return True
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):  # as the store's (recordstore.local_db)
+            if self._quick is not None:
+                self._quick.close()
             await self._db.close()
 
+    def _quick_write(self, sql: str, args: Any, *, many: bool = False) -> int | None:
+        """The rows changed on this thread, or None: go through the connection's thread.
+        Not while the lock is held: the file may be being replaced (``ensure_file``)."""
+        if self._quick is None or self._lock.locked():
+            return None
+        return self._quick.write(sql, args, many=many)
+
     async def _run(self, sql: str, args: tuple = ()) -> int:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        changed = self._quick_write(sql, args)
+        if changed is not None:
+            return changed
         async with self._lock:
             cursor = await self._db.execute(sql, args)
             return cursor.rowcount
+
+    async def _run_many(self, sql: str, rows: Sequence[tuple]) -> None:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._quick_write(sql, rows, many=True) is None:
+            async with self._lock:
+                await self._db.executemany(sql, rows)
 
     async def add_request(self, did: str, skey: str, user_key: str, attempt: int) -> bool:
         """Record a requested turn; False when the same request is already recorded."""
@@ -256,18 +284,18 @@ class StateDB:
             )
             for row in rows
         ]
-        async with self._lock:
-            await self._db.executemany(
+        if values:
+            await self._run_many(
                 "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
                 " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
                 " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
-            if timing is not None:
-                await self._db.execute(
-                    "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)",
-                    (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms),
-                )
+        if timing is not None:
+            await self._run(
+                "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)",
+                (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms),
+            )
 
     async def reply_usage(self, did: str, skey: str) -> list[ReplyUsage]:
         """Each reply of one conversation: its steps summed, and its timing when kept."""
