@@ -9,6 +9,7 @@ import httpx2  # the HTTP client openai 3.x is built on
 import openai
 
 from turns.efforts import EFFORTS, Effort  # noqa: F401 - re-exported, the names' old home
+from turns.one_send import model_transport, uses_env_proxy
 from turns.provider_errors import NO_KEY
 from turns.retries import ReportingOpenAI
 from turns.settings import Provider
@@ -105,12 +106,7 @@ class Clients:
                 # No overall read timeout: the turn's own timeout bounds it; a stall
                 # between chunks is bounded by the read timeout instead.
                 timeout=openai.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0),
-                http_client=openai.DefaultAsyncHttpxClient(
-                    verify=model_tls_context(),
-                    limits=httpx2.Limits(
-                        max_connections=1000, max_keepalive_connections=200
-                    ),
-                ),
+                http_client=_http_client(),
             )
         return client
 
@@ -124,3 +120,11 @@ class Clients:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+
+
+def _http_client() -> httpx2.AsyncClient:
+    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=200)
+    if uses_env_proxy():  # httpx's proxy transports, as the SDK would make them
+        return openai.DefaultAsyncHttpxClient(verify=model_tls_context(), limits=limits)
+    # Each request's head and body in one send (turns.one_send).
+    return openai.DefaultAsyncHttpxClient(transport=model_transport(model_tls_context(), limits))

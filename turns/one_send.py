@@ -1,0 +1,125 @@
+"""A model request's head and body in one ``send``.
+
+httpcore writes an HTTP/1.1 request's head and then its body, two ``send`` calls. The
+first wakes the model server, which reads an unfinished request and waits; on one
+machine it is run on the daemon's core, and the turn's thread was preempted there in
+most turns, 0.5-0.9 ms each, before the body (and so the model's clock) went out
+(README, "Benchmarks"). These streams hold what is written until the connection is
+read from, which an HTTP client does once its request is out, and send it together.
+A body past :data:`HOLD_BYTES` goes out as it comes, so an upload is not held in memory.
+
+:func:`model_transport` is httpx2's own transport on a pool whose connections use them.
+Behind a proxy from the environment the stock client stays (its proxy transports are
+made by httpx), with its two sends.
+"""
+
+# ruff: noqa: ASYNC109 - httpcore's stream and backend interface takes its timeouts so
+
+from __future__ import annotations
+
+import ssl
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore2
+import httpx2
+
+__all__ = ["HOLD_BYTES", "OneSendBackend", "model_transport", "uses_env_proxy"]
+
+HOLD_BYTES = 64 * 1024
+
+
+class _OneSendStream(httpcore2.AsyncNetworkStream):
+    def __init__(self, stream: httpcore2.AsyncNetworkStream) -> None:
+        self._stream = stream
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        self._held.append(buffer)
+        self._held_bytes += len(buffer)
+        if self._held_bytes >= HOLD_BYTES:
+            await self._send(timeout)
+
+    async def _send(self, timeout: float | None) -> None:
+        if self._held:
+            data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+            self._held.clear()
+            self._held_bytes = 0
+            await self._stream.write(data, timeout)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        await self._send(timeout)
+        return await self._stream.read(max_bytes, timeout)
+
+    async def aclose(self) -> None:
+        self._held.clear()  # a request closed before it was read from was abandoned
+        await self._stream.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        await self._send(timeout)
+        return _OneSendStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class OneSendBackend(httpcore2.AsyncNetworkBackend):
+    """httpcore2's anyio backend, its streams holding writes until the next read."""
+
+    def __init__(self, backend: httpcore2.AsyncNetworkBackend | None = None) -> None:
+        self._backend = backend or httpcore2.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        return _OneSendStream(
+            await self._backend.connect_tcp(
+                host, port, timeout=timeout, local_address=local_address,
+                socket_options=socket_options,
+            )
+        )
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore2.AsyncNetworkStream:
+        return _OneSendStream(
+            await self._backend.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+def uses_env_proxy() -> bool:
+    """Whether the environment names a proxy that httpx would use for a provider."""
+    proxies = urllib.request.getproxies()
+    return any(proxies.get(scheme) for scheme in ("http", "https", "all"))
+
+
+def model_transport(verify: ssl.SSLContext, limits: httpx2.Limits) -> httpx2.AsyncHTTPTransport:
+    """httpx2's transport, with ``limits``, whose requests go out in one send each."""
+    transport = httpx2.AsyncHTTPTransport(verify=verify, limits=limits)
+    # httpx2's transport takes no network backend; its pool is replaced by the same
+    # pool with ours (tests/test_one_send.py checks the requests still go through it).
+    transport._pool = httpcore2.AsyncConnectionPool(
+        ssl_context=verify,
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=OneSendBackend(),
+    )
+    return transport
