@@ -77,7 +77,7 @@ def _change(row: Any, written: Written, *, live: bool) -> Change:
     op_id, did, space, collection, key, op, cid, text = row
     record: dict[str, Any] | None = None
     error: str | None = None
-    if op != "delete" and written.validated(did, space, collection, key, cid, text):
+    if op != "delete" and written.take(did, space, collection, key, cid, text):
         record = json.loads(text)  # written and validated here a moment ago
     elif op != "delete":
         # Rows may have been written by another version or straight into the file:

@@ -435,18 +435,20 @@ def test_the_feed_skips_validation_only_for_the_exact_rows_this_process_wrote() 
     written = Written(keep=2)
     row = (DID, SPACE, MESSAGE, "a", "bafya", '{"x":1}')
     written.add(*row)
-    assert written.validated(*row)
     # Another CID, another text (a row changed behind our back), no CID, not text.
-    assert not written.validated(DID, SPACE, MESSAGE, "a", "bafyb", '{"x":1}')
-    assert not written.validated(DID, SPACE, MESSAGE, "a", "bafya", '{"x":2}')
-    assert not written.validated(DID, SPACE, MESSAGE, "a", None, '{"x":1}')
-    assert not written.validated(DID, SPACE, MESSAGE, "a", "bafya", b'{"x":1}')
+    assert not written.take(DID, SPACE, MESSAGE, "a", "bafyb", '{"x":1}')
+    assert not written.take(DID, SPACE, MESSAGE, "a", "bafya", '{"x":2}')
+    assert not written.take(DID, SPACE, MESSAGE, "a", None, '{"x":1}')
+    assert not written.take(DID, SPACE, MESSAGE, "a", "bafya", b'{"x":1}')
+    assert written.take(*row)
+    assert not written.take(*row)  # the feed reads a row once: it is forgotten then
+    written.add(*row)
     written.add(*row)  # the same row again is one row, not two
     written.add(DID, SPACE, MESSAGE, "b", "bafyb", "{}")
-    assert written.validated(*row)
     written.add(DID, SPACE, MESSAGE, "c", "bafyc", "{}")  # past keep: the oldest goes
-    assert not written.validated(*row)
-    assert written.validated(DID, SPACE, MESSAGE, "c", "bafyc", "{}")
+    assert not written.take(*row)
+    assert written.take(DID, SPACE, MESSAGE, "c", "bafyc", "{}")
+    assert written.take(DID, SPACE, MESSAGE, "b", "bafyb", "{}")
 
 
 async def test_writes_in_this_process_wake_the_feed_at_once(tmp_path: Path) -> None:

@@ -74,3 +74,28 @@ def test_a_proxy_in_the_environment_is_noticed(monkeypatch: pytest.MonkeyPatch) 
     assert not uses_env_proxy()
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     assert uses_env_proxy()
+
+
+async def test_an_idle_connection_is_readable_once_the_server_closes_it() -> None:
+    # The pool asks this of every idle connection before it reuses one.
+    closed = anyio.Event()
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            assert await stream.receive() == b"CLOSE"
+        closed.set()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        stream = await OneSendBackend().connect_tcp("127.0.0.1", port)
+        assert stream.get_extra_info("is_readable") is False
+        assert stream.get_extra_info("socket") is not None
+        await stream.write(b"CLOSE")
+        assert await stream.read(10) == b""  # the read sends what was held; then EOF
+        await closed.wait()
+        assert stream.get_extra_info("is_readable") is True
+        await stream.aclose()
+        tg.cancel_scope.cancel()
+    await listener.aclose()
