@@ -192,18 +192,6 @@ def bare_client(base_url: str, connections: int | None = None) -> openai.AsyncOp
                               timeout=120, http_client=http)
 
 
-async def warm_bare(client: openai.AsyncOpenAI, n: int) -> None:
-    """``n`` connections open in the bare client's pool (``n`` model lists at once), as
-    the conversations created before a timed batch open turnd's client's."""
-
-    async def one() -> None:
-        await client.models.list()
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(n):
-            tg.start_soon(one)
-
-
 async def bare_stream(client: openai.AsyncOpenAI) -> TurnSample:
     """The bare ``openai`` client: request -> first content chunk -> end of stream."""
     start = now()

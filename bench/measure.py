@@ -3,6 +3,7 @@ median over runs and shows min and max beside it."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -167,26 +168,32 @@ async def streaming(turnd: TurndProc, fake: FakeModelProc, runs: int, streams: i
     did not receive (gaps in the ids, and tokens short of the fake's ``tokens``),
     ``stream_incomplete`` the turns that did not end ``complete``."""
     out = []
-    conns = 2 * streams + 16
-    async with (
-        c.api_client(turnd.base_url, turnd.token, conns) as http,
-        c.bare_client(fake.base_url, conns) as bare,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        # One client per stream on both sides, as every subscriber and every bare reader
+        # is a user of its own. One client for all held 2 x streams connections, and
+        # httpcore's pool walks every connection at each request and each release: half
+        # of the bench process's CPU at 200 streams (py-spy), so that process, not turnd,
+        # set the pace of turnd's side (README, "Benchmarks").
+        https = [await stack.enter_async_context(c.api_client(turnd.base_url, turnd.token, 2))
+                 for _ in range(streams)]
+        bares = [await stack.enter_async_context(c.bare_client(fake.base_url, 1))
+                 for _ in range(streams)]
 
         async def bare_batch(n: int = streams) -> tuple[float, int, float]:
-            # Both clients start a timed batch with ``n`` connections open: turnd's
-            # from creating the conversations, the bare one's from this.
-            await c.warm_bare(bare, n)
+            # Both sides start a timed batch with their ``n`` connections open: turnd's
+            # from creating the conversations, the bare one's from a model list.
+            await _gather([lambda b=b: b.models.list() for b in bares[:n]])
             cpu0, t0 = time.process_time(), c.now()
-            got = await _gather([lambda: c.bare_stream(bare)] * n)
+            got = await _gather([lambda b=b: c.bare_stream(b) for b in bares[:n]])
             wall, cpu = c.now() - t0, time.process_time() - cpu0
             tokens = sum(s.tokens for s in got)
             return tokens / wall, tokens, cpu / tokens
 
         async def turnd_batch(n: int = streams) -> tuple[float, int, float, int, int]:
-            skeys = await _gather([lambda: c.new_conversation(http)] * n)
+            skeys = await _gather([lambda h=h: c.new_conversation(h) for h in https[:n]])
             cpu0, t0 = cpu_seconds(turnd.pid), c.now()
-            got = await _gather([lambda s=s: c.turnd_turn(http, s, provider) for s in skeys])
+            got = await _gather([lambda h=h, s=s: c.turnd_turn(h, s, provider)
+                                 for h, s in zip(https, skeys, strict=False)])
             wall, cpu = c.now() - t0, cpu_seconds(turnd.pid) - cpu0
             tokens = sum(s.tokens for s in got)
             bad = [s.status for s in got if s.status is None or '"complete"' not in s.status]
