@@ -34,14 +34,46 @@ __all__ = ["CACHE", "Quick", "QuickWrite"]
 CACHE = "PRAGMA cache_size = -512"  # KiB
 
 
-class Quick:
-    """One read-only connection to ``path`` for the thread that first uses it."""
+class _ThreadConnection:
+    """One connection to ``path`` for the thread that first uses it (None elsewhere,
+    and for good once it could not be opened or was closed)."""
+
+    PRAGMAS: tuple[str, ...] = ()
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._conn: sqlite3.Connection | None = None
         self._thread: int | None = None
         self._broken = False
+
+    def _connection(self) -> sqlite3.Connection | None:
+        if self._broken:
+            return None
+        if self._conn is not None:
+            return self._conn if threading.get_ident() == self._thread else None
+        try:
+            # check_same_thread=False only so that close() may come from anywhere:
+            # every statement checks the thread itself.
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            for pragma in ("PRAGMA busy_timeout = 0", *self.PRAGMAS, CACHE):
+                conn.execute(pragma)
+        except sqlite3.Error:
+            self._broken = True
+            return None
+        self._conn, self._thread = conn, threading.get_ident()
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._broken = True
+
+
+class Quick(_ThreadConnection):
+    """One read-only connection to ``path`` for the thread that first uses it."""
+
+    PRAGMAS = ("PRAGMA query_only = 1",)
 
     def read(self, sql: str, params: Any) -> list[Any] | None:
         """The rows, or None when they cannot be had at once on this thread."""
@@ -54,29 +86,6 @@ class Quick:
         except sqlite3.Error:
             return None
 
-    def _connection(self) -> sqlite3.Connection | None:
-        if self._broken:
-            return None
-        if self._conn is not None:
-            return self._conn if threading.get_ident() == self._thread else None
-        try:
-            # check_same_thread=False only so that close() may come from anywhere:
-            # every statement checks the thread itself.
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 0")
-            conn.execute("PRAGMA query_only = 1")
-            conn.execute(CACHE)
-        except sqlite3.Error:
-            self._broken = True
-            return None
-        self._conn, self._thread = conn, threading.get_ident()
-        return conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        self._broken = True
 
 
 # The loop's share of time for writes (a token bucket in seconds): at most SHARE of the
@@ -91,7 +100,7 @@ BURST = 0.002
 CHECKPOINT_EVERY = 64
 
 
-class QuickWrite:
+class QuickWrite(_ThreadConnection):
     """One writer connection to ``path`` for the thread that first uses it.
 
     ``write`` answers the number of rows changed, or None when the statement was not run
@@ -100,16 +109,15 @@ class QuickWrite:
     ``sqlite3.IntegrityError`` is raised as it is: that is the statement's answer.
     """
 
+    PRAGMAS = ("PRAGMA synchronous = NORMAL", "PRAGMA wal_autocheckpoint = 0")
+
     def __init__(self, path: Path, *, share: float | None = None, burst: float | None = None) -> None:
-        self._path = path
+        super().__init__(path)
         self._share = SHARE if share is None else share
         self._burst = BURST if burst is None else burst
         self._tokens = self._burst
         self._refilled = time.perf_counter()
         self._count = 0
-        self._conn: sqlite3.Connection | None = None
-        self._thread: int | None = None
-        self._broken = False
 
     def write(self, sql: str, params: Any, *, many: bool = False) -> int | None:
         """Run ``sql`` with ``params`` (``many``: with each of them, as ``executemany``)."""
@@ -133,25 +141,3 @@ class QuickWrite:
             self._tokens -= time.perf_counter() - now
         return changed
 
-    def _connection(self) -> sqlite3.Connection | None:
-        if self._broken:
-            return None
-        if self._conn is not None:
-            return self._conn if threading.get_ident() == self._thread else None
-        try:
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 0")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
-            conn.execute(CACHE)
-        except sqlite3.Error:
-            self._broken = True
-            return None
-        self._conn, self._thread = conn, threading.get_ident()
-        return conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        self._broken = True
