@@ -193,7 +193,7 @@ async def streaming(turnd: TurndProc, fake: FakeModelProc, runs: int, streams: i
             skeys = await _gather([lambda h=h: c.new_conversation(h) for h in https[:n]])
             cpu0, t0 = cpu_seconds(turnd.pid), c.now()
             got = await _gather([lambda h=h, s=s: c.turnd_turn(h, s, provider)
-                                 for h, s in zip(https, skeys, strict=False)])
+                                 for h, s in zip(https[:n], skeys, strict=True)])
             wall, cpu = c.now() - t0, cpu_seconds(turnd.pid) - cpu0
             tokens = sum(s.tokens for s in got)
             bad = [s.status for s in got if s.status is None or '"complete"' not in s.status]

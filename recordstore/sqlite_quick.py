@@ -87,7 +87,6 @@ class Quick(_ThreadConnection):
             return None
 
 
-
 # The loop's share of time for writes (a token bucket in seconds): at most SHARE of the
 # loop's time on average, and BURST at once. A write on the loop costs 20-60 µs of CPU
 # against ~120 µs through aiosqlite's thread, and on the claim's path the hops cost
@@ -140,4 +139,3 @@ class QuickWrite(_ThreadConnection):
         finally:
             self._tokens -= time.perf_counter() - now
         return changed
-

@@ -156,17 +156,13 @@ async def test_the_wal_is_checkpointed_though_writes_run_on_the_loop(
     # unbounded here, so that no write goes to the thread for that reason.)
     monkeypatch.setattr(sqlite_quick, "SHARE", 1.0)
     monkeypatch.setattr(sqlite_quick, "BURST", 1e9)
-    async with LocalStore.open(tmp_path) as store:
-        await _fill(store)
-        # Measured while open: the last connection to close checkpoints and removes it.
-        assert (tmp_path / f"{DB_NAME}-wal").stat().st_size < 8 * 1024 * 1024
-
-
-async def _fill(store: LocalStore) -> None:
     value = message()
     value["content"]["parts"][0]["text"] = "x" * 3000
-    for _ in range(3000):
-        await store.create_record(DID, SPACE, MESSAGE, new_tid(), value)
+    async with LocalStore.open(tmp_path) as store:
+        for _ in range(3000):
+            await store.create_record(DID, SPACE, MESSAGE, new_tid(), value)
+        # Measured while open: the last connection to close checkpoints and removes it.
+        assert (tmp_path / f"{DB_NAME}-wal").stat().st_size < 8 * 1024 * 1024
 
 
 @settings(

@@ -9,7 +9,7 @@ read from, which an HTTP client does once its request is out, and send it togeth
 A body past :data:`HOLD_BYTES` goes out as it comes, so an upload is not held in memory.
 
 They also answer the pool's liveness question (``is_readable``, asked of every idle
-connection at each request) from the socket they keep, with one ``poll``: anyio built
+connection at each request) from the socket they keep, with httpcore's own ``poll``: anyio built
 the stream's whole attribute table for it, ``getpeername`` included, each time (5 % of
 the CPU of a short turn with 20 connections in the pool, by py-spy).
 
@@ -22,7 +22,6 @@ made by httpx), with its two sends.
 
 from __future__ import annotations
 
-import select
 import socket
 import ssl
 import urllib.request
@@ -31,6 +30,7 @@ from typing import Any
 
 import httpcore2
 import httpx2
+from httpcore2._utils import is_socket_readable  # the check httpcore's own streams make
 
 __all__ = ["HOLD_BYTES", "OneSendBackend", "model_transport", "uses_env_proxy"]
 
@@ -78,19 +78,8 @@ class _OneSendStream(httpcore2.AsyncNetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable" and self._socket is not None:
-            return _readable(self._socket)
+            return is_socket_readable(self._socket)
         return self._stream.get_extra_info(info)
-
-
-def _readable(sock: socket.socket) -> bool:
-    """Whether a read would not wait: data, or the peer's close (then the pool drops the
-    connection); a closed socket counts as readable, as in httpcore."""
-    fd = sock.fileno()
-    if fd < 0:
-        return True
-    poll = select.poll()
-    poll.register(fd, select.POLLIN)
-    return bool(poll.poll(0))
 
 
 class OneSendBackend(httpcore2.AsyncNetworkBackend):

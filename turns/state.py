@@ -203,27 +203,21 @@ class StateDB:
                 self._quick.close()
             await self._db.close()
 
-    def _quick_write(self, sql: str, args: Any, *, many: bool = False) -> int | None:
-        """The rows changed on this thread, or None: go through the connection's thread.
-        Not while the lock is held: the file may be being replaced (``ensure_file``)."""
-        if self._quick is None or self._lock.locked():
-            return None
-        return self._quick.write(sql, args, many=many)
+    async def _run(self, sql: str, args: Any = (), *, many: bool = False) -> int:
+        """One write statement (``many``: for each of ``args``); the rows it changed.
 
-    async def _run(self, sql: str, args: tuple = ()) -> int:
+        On the loop's thread when SQLite can take it at once (recordstore.sqlite_quick),
+        but not while the lock is held: the file may be being replaced (``ensure_file``).
+        """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        changed = self._quick_write(sql, args)
-        if changed is not None:
-            return changed
+        if self._quick is not None and not self._lock.locked():
+            changed = self._quick.write(sql, args, many=many)
+            if changed is not None:
+                return changed
         async with self._lock:
-            cursor = await self._db.execute(sql, args)
+            run = self._db.executemany if many else self._db.execute
+            cursor = await run(sql, args)
             return cursor.rowcount
-
-    async def _run_many(self, sql: str, rows: Sequence[tuple]) -> None:
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        if self._quick_write(sql, rows, many=True) is None:
-            async with self._lock:
-                await self._db.executemany(sql, rows)
 
     async def add_request(self, did: str, skey: str, user_key: str, attempt: int) -> bool:
         """Record a requested turn; False when the same request is already recorded."""
@@ -285,11 +279,12 @@ class StateDB:
             for row in rows
         ]
         if values:
-            await self._run_many(
+            await self._run(
                 "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
                 " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
                 " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
+                many=True,
             )
         if timing is not None:
             await self._run(
