@@ -29,6 +29,24 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def tls_context_for(url: str) -> ssl.SSLContext:
+    """The shared context for an ``https`` URL; for plain ``http``, one that trusts nothing.
+
+    httpx builds its transport's context up front, whatever the scheme, and loading the
+    CA bundle is ~35 ms of a `turnd send` against the local daemon's ``http://`` URL
+    (SPEC §10: ≤ 0.5 s). A redirect from there to ``https`` then fails verification
+    rather than skipping it.
+    """
+    if url[:6].lower() == "https:":
+        return tls_context()
+    return _trusts_nothing()
+
+
+@cache
+def _trusts_nothing() -> ssl.SSLContext:
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, with no root to verify against
+
+
 @cache
 def model_tls_context() -> ssl.SSLContext:
     """What every ``openai`` client (``httpx2``) would build for itself."""
