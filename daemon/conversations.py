@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Query, Response
-from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
+from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 import recordstore
@@ -132,7 +132,7 @@ async def account_events(
 
 def _stream(log: EventLog, after: int | None) -> EventSourceResponse:
     # Without Last-Event-ID a subscriber starts now: the log's newest id so far.
-    start = after if after is not None else (log.events[-1].id if log.events else 0)
+    start = after if after is not None else log.last_id
     return EventSourceResponse(
         _sse(log, start), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
@@ -140,13 +140,8 @@ def _stream(log: EventLog, after: int | None) -> EventSourceResponse:
 
 async def _sse(log: EventLog, after: int) -> AsyncIterator[bytes]:
     yield KEEPALIVE_COMMENT  # the headers go out now, so a client knows it is following
-    async for batch in log.follow(after, idle=KEEPALIVE_SECONDS):
-        if not batch:
-            yield KEEPALIVE_COMMENT
-            continue
-        yield b"".join(
-            format_sse_event(event=e.event, data_str=e.data, id=str(e.id)) for e in batch
-        )
+    async for framed in log.follow(after, idle=KEEPALIVE_SECONDS):
+        yield framed or KEEPALIVE_COMMENT
 
 
 @router.get("/preferences")
