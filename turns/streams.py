@@ -68,6 +68,9 @@ class ReplyStream(Protocol):
 
 
 class StreamBuffer:
+    # A finished buffer is kept a minute per reply: no per-instance dict for it.
+    __slots__ = ("_frames", "_packed", "_count", "_wakeup", "_closed_at", "_on_subscribers")
+
     def __init__(self, on_subscribers: Callable[[int], None] | None = None) -> None:
         self._frames: list[bytes] = []  # while the turn runs
         self._packed: bytes | None = None  # once it ended: every frame, compressed
@@ -115,7 +118,7 @@ class StreamBuffer:
         if self._closed_at is None:
             self._closed_at = time.monotonic()
             self._packed = zlib.compress(b"".join(self._frames), 1)
-            self._frames = []
+            self._frames.clear()
             self._wake()
 
     def _wake(self) -> None:
