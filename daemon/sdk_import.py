@@ -13,7 +13,13 @@ is 379 modules and 664 models for the two or three methods ``turnd send`` calls.
 code is otherwise the one the SDK ships, and the models of a method are built when it
 first runs, as the SDK's own loader intends. Nothing in the SDK reads those
 annotations at run time. The compiled code is kept next to the SDK's own bytecode,
-under a tag of its own, so the compile (~0.13 s) is paid once.
+under a tag of its own, so the compile (~65 ms a module) is paid once; not written
+when Python is told not to write bytecode (``PYTHONDONTWRITEBYTECODE``), as CPython
+would not write its own.
+
+``sync_ns`` is also loaded lazily (``importlib.util.LazyLoader``): the package imports
+it for the blocking ``Client``, which ``turnd send`` never makes, so its code runs only
+if something touches it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import os
 import sys
 from types import CodeType
 
-NAMESPACES = ("atproto_client.namespaces.async_ns", "atproto_client.namespaces.sync_ns")
+ASYNC_NAMESPACES = "atproto_client.namespaces.async_ns"
+SYNC_NAMESPACES = "atproto_client.namespaces.sync_ns"
+NAMESPACES = (ASYNC_NAMESPACES, SYNC_NAMESPACES)
 _CACHE_TAG = "postponed"  # the pyc's "optimization" slot: names a file apart from CPython's
 
 
@@ -39,14 +47,16 @@ def postpone_namespace_annotations() -> None:
     if any(name in sys.modules for name in NAMESPACES):
         return
     if not any(isinstance(finder, PostponedFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, PostponedFinder(NAMESPACES))
+        sys.meta_path.insert(0, PostponedFinder(NAMESPACES, lazy=(SYNC_NAMESPACES,)))
 
 
 class PostponedFinder(importlib.abc.MetaPathFinder):
-    """Finds the named source modules and loads them with postponed annotations."""
+    """Finds the named source modules and loads them with postponed annotations; those
+    named in ``lazy`` when their module is first used rather than when imported."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
+    def __init__(self, names: tuple[str, ...], *, lazy: tuple[str, ...] = ()) -> None:
         self._names = frozenset(names)
+        self._lazy = frozenset(lazy)
 
     def find_spec(self, fullname, path, target=None):  # noqa: ANN001, ANN201 - importlib's
         if fullname not in self._names:
@@ -54,7 +64,8 @@ class PostponedFinder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
             return spec  # not the source layout this knows: import it as shipped
-        spec.loader = _PostponedLoader(fullname, spec.origin)
+        loader = _PostponedLoader(fullname, spec.origin)
+        spec.loader = importlib.util.LazyLoader(loader) if fullname in self._lazy else loader
         return spec
 
 
@@ -84,6 +95,8 @@ class _PostponedLoader(importlib.machinery.SourceFileLoader):
 
 def _store(cache_path: str, data: bytes) -> None:
     """Write the cache atomically; a read-only install just compiles each time."""
+    if sys.dont_write_bytecode:
+        return
     partial = f"{cache_path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from daemon.sdk_import import PostponedFinder
 
 PROBE = textwrap.dedent(
@@ -77,7 +79,10 @@ def _load(tmp_path: Path, name: str):  # noqa: ANN202 - a module
     return module
 
 
-def test_annotations_stay_strings_and_the_cache_follows_the_source(tmp_path: Path) -> None:
+def test_annotations_stay_strings_and_the_cache_follows_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
     # An annotation naming something that does not exist would raise when evaluated.
     _module(tmp_path, "postponed_probe", "def f(x: nowhere.Thing) -> int:\n    return 1\n")
     first = _load(tmp_path, "postponed_probe")
@@ -96,6 +101,34 @@ def test_annotations_stay_strings_and_the_cache_follows_the_source(tmp_path: Pat
     cached[0].write_bytes(b"\x00garbage")
     third = _load(tmp_path, "postponed_probe")
     assert third.f() == "changed"
+
+
+def test_no_cache_is_written_when_python_writes_no_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    _module(tmp_path, "unwritten_probe", "def f(x: nowhere.Thing) -> int:\n    return 1\n")
+    assert _load(tmp_path, "unwritten_probe").f(None) == 1
+    assert not list(tmp_path.glob("**/*.pyc"))
+
+
+def test_the_blocking_client_s_namespaces_run_only_when_used() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        from daemon.sdk_import import SYNC_NAMESPACES, postpone_namespace_annotations
+        postpone_namespace_annotations()
+        import atproto_client
+        module = sys.modules[SYNC_NAMESPACES]
+        print(type(module).__name__)  # LazyLoader's stand-in until an attribute is read
+        print(type(module.ComAtprotoRepoNamespace.create_record.__annotations__["data"]).__name__)
+        print(type(module).__name__)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["_LazyModule", "str", "module"]
 
 
 def test_a_module_it_was_not_asked_for_is_left_to_the_usual_finders(tmp_path: Path) -> None:
