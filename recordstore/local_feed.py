@@ -7,7 +7,6 @@ or ``poll_interval`` (writes of other processes), whichever comes first.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
@@ -18,6 +17,7 @@ from recordstore import Change, InvalidRecord, StoreError
 from recordstore.lexicon import validate_record
 from recordstore.local_db import OP_COLS, LocalDb
 from recordstore.local_written import Written
+from recordstore.stored_json import parse
 
 __all__ = ["changes"]
 
@@ -78,12 +78,12 @@ def _change(row: Any, written: Written, *, live: bool) -> Change:
     record: dict[str, Any] | None = None
     error: str | None = None
     if op != "delete" and written.take(did, space, collection, key, cid, text):
-        record = json.loads(text)  # written and validated here a moment ago
+        record = parse(text)  # written and validated here a moment ago
     elif op != "delete":
         # Rows may have been written by another version or straight into the file:
         # validate on the way out too.
         try:
-            record = json.loads(text)
+            record = parse(text)
             validate_record(collection, record)
         except InvalidRecord as e:
             error = str(e)

@@ -5,7 +5,6 @@ A page is read with one row more than asked, which tells whether there is a next
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -13,6 +12,7 @@ from recordstore import Record
 from recordstore.abilities import NewestQuery, RepoPage
 from recordstore.keys import repo_rkey
 from recordstore.local_db import COLLECTION_IS, NEWEST_INDEXES, RECORD_COLS, LocalDb
+from recordstore.stored_json import parse
 
 __all__ = ["newest", "record_of", "repo_page", "space_page"]
 
@@ -24,7 +24,7 @@ _FIELD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 def record_of(row: Any) -> Record:
     """The Record of a row of ``SELECT {RECORD_COLS}``."""
     did, space, collection, key, cid, value = row
-    return Record(did, space, collection, key, cid, json.loads(value))
+    return Record(did, space, collection, key, cid, parse(value))
 
 
 async def space_page(

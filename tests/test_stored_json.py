@@ -1,0 +1,37 @@
+"""Stored record text reads back as ``json.loads`` reads it (recordstore/stored_json.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from recordstore.stored_json import parse
+
+# The AT Protocol data model: no floats; integers of any size, text, bytes as objects.
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(_VALUES)
+def test_what_the_store_writes_reads_back_the_same(value: object) -> None:
+    for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
+        assert parse(text) == json.loads(text)
+
+
+def test_a_lone_surrogate_escape_reads_as_json_reads_it() -> None:
+    text = '{"text": "\\ud800 alone"}'
+    assert parse(text) == json.loads(text) == {"text": "\ud800 alone"}
+
+
+@pytest.mark.parametrize("bad", ["{", "", '{"a": 1,}', "{'a': 1}"])
+def test_text_that_is_not_json_is_refused_as_json_refuses_it(bad: str) -> None:
+    with pytest.raises(ValueError):
+        json.loads(bad)
+    with pytest.raises(ValueError):
+        parse(bad)
