@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import jiter
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,3 +36,11 @@ def test_text_that_is_not_json_is_refused_as_json_refuses_it(bad: str) -> None:
         json.loads(bad)
     with pytest.raises(ValueError):
         parse(bad)
+
+
+def test_only_keys_are_kept_in_jiter_s_cache() -> None:
+    # Values (texts, CIDs, times) in jiter's process-wide cache would stay alive there.
+    jiter.cache_clear()
+    for n in range(50):
+        parse(json.dumps({"text": f"a text seen once, number {n}", "createdAt": f"t{n}"}))
+    assert jiter.cache_usage() == 2  # "text" and "createdAt"
