@@ -25,6 +25,7 @@ if something touches it.
 from __future__ import annotations
 import __future__
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -104,7 +105,5 @@ def _store(cache_path: str, data: bytes) -> None:
             out.write(data)
         os.replace(partial, cache_path)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(partial)
-        except OSError:
-            pass
