@@ -130,12 +130,21 @@ class QuickWrite(_ThreadConnection):
         if conn is None:
             return None
         try:
-            run = conn.executemany if many else conn.execute
-            changed = run(sql, params).rowcount
+            if not many:
+                return conn.execute(sql, params).rowcount
+            # All rows or none: autocommit would commit each row, and a write that stops
+            # busy part-way would be run again whole by the worker thread.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                changed = conn.executemany(sql, params).rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return changed
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error:
             return None  # busy (no wait here), or a real error the worker thread reports
         finally:
             self._tokens -= time.perf_counter() - now
-        return changed

@@ -87,6 +87,22 @@ def test_a_write_that_would_wait_for_the_lock_is_not_run(db):
     writer.close()
 
 
+def test_a_write_of_many_rows_writes_all_of_them_or_none(db):
+    path, other = db
+    writer = QuickWrite(path)
+    other.execute("INSERT INTO t VALUES ('b', 'taken')")
+    with pytest.raises(sqlite3.IntegrityError):  # the second row conflicts
+        writer.write("INSERT INTO t VALUES (?, ?)", [("a", "1"), ("b", "2")], many=True)
+    # The first row is not left behind for the caller's retry to write again.
+    assert other.execute("SELECT k FROM t ORDER BY k").fetchall() == [("b",)]
+    other.execute("BEGIN IMMEDIATE")
+    assert writer.write("INSERT INTO t VALUES (?, ?)", [("c", "3")], many=True) is None
+    other.execute("COMMIT")
+    assert writer.write("INSERT INTO t VALUES (?, ?)", [("c", "3"), ("d", "4")], many=True) == 2
+    assert other.execute("SELECT count(*) FROM t").fetchone() == (3,)
+    writer.close()
+
+
 def test_writes_stop_once_the_loop_has_spent_its_share(db):
     path, other = db
     writer = QuickWrite(path, share=0.0, burst=0.0005)
