@@ -38,7 +38,11 @@ class Written:
         here; it is forgotten either way."""
         if cid is None or not isinstance(text, str):
             return False
-        return self._rows.pop(_fingerprint(did, space, collection, key, cid, text), 0) is None
+        fingerprint = _fingerprint(did, space, collection, key, cid, text)
+        if fingerprint not in self._rows:
+            return False
+        del self._rows[fingerprint]
+        return True
 
 
 def _fingerprint(did: str, space: str, collection: str, key: str, cid: str, text: str) -> int:
