@@ -22,9 +22,9 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Collection
 
 import anyio
-from fastapi.sse import format_sse_event
 
 from recordstore import CONVERSATION_REF, INFO, SETTINGS_SPACE, Change
+from turns.streams import frame
 
 KEEP = 1000  # events per log
 MAX_CONVERSATIONS = 128  # conversation logs kept for resuming
@@ -52,7 +52,7 @@ class EventLog:
         return self._last_id
 
     def append(self, id: int, event: str, data: str) -> None:
-        self._frames.append(format_sse_event(event=event, data_str=data, id=str(id)))
+        self._frames.append(frame(event, data, id))
         self._last_id = id
         changed, self._changed = self._changed, None
         if changed is not None:
@@ -91,7 +91,7 @@ class EventLog:
 
 
 def _frame_id(frame: bytes) -> int:
-    # format_sse_event ends a frame with "id: N" and the blank line.
+    # turns.streams.frame ends a frame with "id: N" and the blank line.
     return int(frame[frame.rindex(b"id: ") + 4 : -2])
 
 
