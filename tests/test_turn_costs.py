@@ -68,6 +68,23 @@ async def test_a_state_write_that_meets_another_writer_waits_for_it_and_is_kept(
         await state.aclose()
 
 
+async def test_a_state_write_does_not_queue_behind_one_on_the_worker_thread(tmp_path):
+    """While one statement runs on the worker thread (it holds the state's lock), a
+    write SQLite can take at once still runs on the loop's thread. It used to queue
+    behind the lock, and under many turns every write after the first slow one went
+    through the thread (a hop each)."""
+    state = await StateDB.open(tmp_path / "state.sqlite3")
+    try:
+        await state.add_claim(DID, "3kskey", "3kkey.r0")
+        async with state._lock:  # as a statement on the worker thread does
+            with anyio.fail_after(2):
+                await state.add_claim(DID, "3kskey", "3kother.r0")
+                await state.drop_claim(DID, "3kskey", "3kkey.r0")
+        assert [c.reply_key for c in await state.claims()] == ["3kother.r0"]
+    finally:
+        await state.aclose()
+
+
 def test_the_api_routes_and_their_dependencies_run_on_the_event_loop():
     """FastAPI runs a plain ``def`` endpoint or dependency in a worker thread: a thread
     hop per request, and a turn is two requests (the POST and the stream)."""

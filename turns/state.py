@@ -155,6 +155,7 @@ class StateDB:
         # SQLite can do it at once (recordstore.sqlite_quick): the claim row is on the
         # way to the model call.
         self._quick = QuickWrite(path) if path is not None else None
+        self._replacing = False
 
     @classmethod
     async def open(cls, path: str | Path) -> StateDB:
@@ -186,16 +187,23 @@ class StateDB:
             "the state file %s disappeared while running; recreating it from memory", self._path
         )
         async with self._lock:
-            if _inode(self._path) is None:
-                self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                await self._db.execute("VACUUM INTO ?", (str(self._path),))
-            old, self._db = self._db, await _connect(self._path)
-            await old.close()
-            if self._quick is not None:
-                self._quick.close()
-                self._quick = QuickWrite(self._path)
-            self._inode = _inode(self._path)
+            self._replacing = True
+            try:
+                await self._replace(self._path)
+            finally:
+                self._replacing = False
         return True
+
+    async def _replace(self, path: Path) -> None:
+        if _inode(path) is None:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            await self._db.execute("VACUUM INTO ?", (str(path),))
+        old, self._db = self._db, await _connect(path)
+        await old.close()
+        if self._quick is not None:
+            self._quick.close()
+            self._quick = QuickWrite(path)
+        self._inode = _inode(path)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):  # as the store's (recordstore.local_db)
@@ -207,10 +215,12 @@ class StateDB:
         """One write statement (``many``: for each of ``args``); the rows it changed.
 
         On the loop's thread when SQLite can take it at once (recordstore.sqlite_quick),
-        but not while the lock is held: the file may be being replaced (``ensure_file``).
+        but not while ``ensure_file`` replaces the file. Not "while the lock is held":
+        under many turns one write on the worker thread would hold it while the next
+        arrived, and every write after it would go through the thread too.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        if self._quick is not None and not self._lock.locked():
+        if self._quick is not None and not self._replacing:
             changed = self._quick.write(sql, args, many=many)
             if changed is not None:
                 return changed
