@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import httpx
+import httpx2
 import openai
 import pytest
 
@@ -302,8 +303,9 @@ def test_cli_serves_default_reply() -> None:
 async def _read_until_timeout(fake: FakeModel, read: float) -> list[str]:
     """The content deltas a client with a ``read`` s timeout gets before it gives up."""
     got: list[str] = []
-    with pytest.raises((httpx.ReadTimeout, openai.APITimeoutError)):
-        async with client_for(fake, timeout=httpx.Timeout(5, read=read)) as client:
+    with pytest.raises((httpx2.ReadTimeout, openai.APITimeoutError)):
+        # The openai client's own HTTP library's Timeout: httpx2 2.17 refuses httpx's.
+        async with client_for(fake, timeout=httpx2.Timeout(5, read=read)) as client:
             stream = await client.chat.completions.create(
                 model="m1", messages=[{"role": "user", "content": "hi"}], stream=True)
             async for c in stream:
