@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Collection
 import anyio
 
 from recordstore import CONVERSATION_REF, INFO, SETTINGS_SPACE, Change
-from turns.streams import frame
+from turns.streams import frame, frame_id
 
 KEEP = 1000  # events per log
 MAX_CONVERSATIONS = 128  # conversation logs kept for resuming
@@ -64,7 +64,7 @@ class EventLog:
             return b""
         # Ids only grow, and a follower asks for what is new: walk back from the end.
         start = len(self._frames)
-        while start and _frame_id(self._frames[start - 1]) > after:
+        while start and frame_id(self._frames[start - 1]) > after:
             start -= 1
         return b"".join(itertools.islice(self._frames, start, None))
 
@@ -88,11 +88,6 @@ class EventLog:
                     yield b""
         finally:
             self.followers -= 1
-
-
-def _frame_id(frame: bytes) -> int:
-    # turns.streams.frame ends a frame with "id: N" and the blank line.
-    return int(frame[frame.rindex(b"id: ") + 4 : -2])
 
 
 class EventHub:

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
-from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
+from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.cors import CORSMiddleware
@@ -43,7 +43,7 @@ from recordstore.mime import blob_mime
 from recordstore.vocabulary import FILE_PART, IMAGE_PART
 from turns import account_space, conversations, reply
 from turns.models import Effort
-from turns.streams import ReplyStream
+from turns.streams import ReplyStream, frame
 
 log = logging.getLogger("turnd.http")
 
@@ -301,9 +301,7 @@ async def _sse_bytes(source: _StreamSource) -> AsyncIterator[bytes]:
     if source.buffer is None:
         # Not running here: one status from the stored record. Its id follows the
         # client's, so a reconnecting EventSource keeps counting up.
-        yield format_sse_event(
-            event="status", data_str=json.dumps(source.stored), id=str(source.after + 1)
-        )
+        yield frame("status", json.dumps(source.stored), source.after + 1)
         return
     async for framed in source.buffer.frames(source.after, idle=KEEPALIVE_SECONDS):
         # Framed once when published, however many subscribers the reply has.

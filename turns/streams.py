@@ -42,6 +42,11 @@ def frame(event: str, data: str, id: int) -> bytes:
     return format_sse_event(event=event, data_str=data, id=str(id))
 
 
+def frame_id(framed: bytes) -> int:
+    """The id of one frame made by :func:`frame` (its last line, before the blank one)."""
+    return int(framed[framed.rindex(b"id: ") + 4 : -2])
+
+
 def frame_events(events: list[StreamEvent]) -> bytes:
     return b"".join(frame(e.event, e.data, e.id) for e in events)
 
