@@ -9,6 +9,7 @@ import httpx2  # the HTTP client openai 3.x is built on
 import openai
 
 from turns.efforts import EFFORTS, Effort  # noqa: F401 - re-exported, the names' old home
+from turns.model_pool import ShardedTransport
 from turns.one_send import model_transport, uses_env_proxy
 from turns.provider_errors import NO_KEY
 from turns.retries import ReportingOpenAI
@@ -122,9 +123,20 @@ class Clients:
         self._clients.clear()
 
 
+MAX_CONNECTIONS, MAX_KEEPALIVE, POOLS = 1000, 200, 8
+
+
 def _http_client() -> httpx2.AsyncClient:
-    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=200)
     if uses_env_proxy():  # httpx's proxy transports, as the SDK would make them
+        limits = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE)
         return openai.DefaultAsyncHttpxClient(verify=model_tls_context(), limits=limits)
-    # Each request's head and body in one send (turns.one_send).
-    return openai.DefaultAsyncHttpxClient(transport=model_transport(model_tls_context(), limits))
+    # Each request's head and body in one send (turns.one_send), in several small pools
+    # (turns.model_pool); the limits are the whole client's, shared out among them.
+    limits = httpx2.Limits(max_connections=MAX_CONNECTIONS // POOLS,
+                           max_keepalive_connections=MAX_KEEPALIVE // POOLS)
+    verify = model_tls_context()
+    # A pool takes as many requests at once as it keeps connections alive for.
+    pools = [model_transport(verify, limits) for _ in range(POOLS)]
+    return openai.DefaultAsyncHttpxClient(
+        transport=ShardedTransport(pools, fill=limits.max_keepalive_connections or 1)
+    )
