@@ -93,6 +93,7 @@ def targets(sizes: Sizes) -> dict[str, Target]:
         "stream_1000_events_missing": Target("0 (every event delivered)", lambda v, _: v == 0),
         "stream_1000_incomplete": Target("0", lambda v, _: v == 0),
         "turnd_cpu_us_per_token": Target(peer="1450 (SPEC §10)"),
+        "relay_cpu_us_per_token": Target(),
         "xrpc_write_to_first_delta_ms_p50": Target(),
         "claim_to_first_delta_ms_p50": Target(),
         "model_ttft_ms_p50": Target(),
@@ -192,12 +193,12 @@ async def _run(mode: str, sizes: Sizes, phases: frozenset[str]) -> dict[str, Any
                 details |= summarize(await measure.streaming(
                     turnd, stream_fake, sizes.stream_runs, sizes.streams, log, provider="stream"))
             if "short" in phases:
-                per_token = details.get("turnd_cpu_us_per_token", {}).get("median")
-                log(f"CPU per turn: {sizes.short_turns} turns x 5 tokens, 20 at a time "
-                    f"(relay of {per_token or 0:.0f} us a token subtracted):")
+                log(f"CPU per turn: {sizes.short_turns} turns x 5 tokens, 20 at a time, each "
+                    f"run beside {sizes.short_turns} of {sizes.stream_tokens} tokens for the relay's "
+                    "CPU a token, which is subtracted:")
                 details |= summarize(await measure.short_turns(
-                    turnd, sizes.stream_runs, sizes.short_turns, 20, 5, per_token, log,
-                    provider="tiny"))
+                    turnd, sizes.stream_runs, sizes.short_turns, 20, 5, log,
+                    provider="tiny", long=("stream", sizes.stream_tokens)))
             if "send" in phases:
                 log('turnd send "hello" (echo provider), wall:')
                 details |= summarize(measure.send_wall(turnd, sizes.runs, log))

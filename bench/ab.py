@@ -51,7 +51,7 @@ async def _rounds(a: list[str], b: list[str], rounds: int, turns: int,
             for side in order:
                 turnd, fake = sides[side]
                 figures: dict[str, float] = {}
-                for fig in await measure.short_turns(turnd, 1, turns, 20, 5, None, _quiet,
+                for fig in await measure.short_turns(turnd, 1, turns, 20, 5, _quiet,
                                                      provider="tiny"):
                     figures |= fig
                 for fig in await measure.ttft(turnd, fake, 1, samples, _quiet):

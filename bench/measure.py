@@ -277,47 +277,60 @@ async def memory(fake: FakeModelProc, runs: int, first: int, total: int, concurr
 
 
 async def short_turns(turnd: TurndProc, runs: int, turns: int, concurrency: int, tokens: int,
-                      per_token_us: float | None, log: Log,
-                      provider: str | None = None) -> list[dict[str, float]]:
+                      log: Log, provider: str | None = None,
+                      long: tuple[str, int] | None = None) -> list[dict[str, float]]:
     """Many short turns (``tokens`` each), ``concurrency`` at a time: turnd's CPU time per
-    finished turn (POST, claim, placeholder, final record, SSE), with the per-token relay
-    (``per_token_us``, from the 200-stream run) subtracted, and turns finished per second."""
+    finished turn (POST, claim, placeholder, final record, SSE) and turns finished per second.
+
+    With ``long`` (a provider and its tokens a turn), each run also makes as many turns of
+    that length, and the relay's CPU a token is their difference: (CPU a long turn - CPU a
+    short turn) / (long tokens - short tokens). ``turnd_cpu_ms_per_turn`` is then a short
+    turn's CPU less its ``tokens`` relayed that way. The 200-stream run's CPU a token is not
+    the relay's: it holds each turn's own work, a tenth of it per token at 50 tokens."""
     out = []
     async with c.api_client(turnd.base_url, turnd.token, 2 * concurrency + 8) as http:
 
-        async def batch(n: int) -> tuple[float, float, int]:
+        async def batch(n: int, via: str | None, length: int) -> tuple[float, float]:
             skeys = await _gather([lambda: c.new_conversation(http)] * concurrency)
             todo = iter(range(n))
-            delivered = [0]
 
             async def worker(skey: str) -> None:
                 for _ in todo:
-                    s = await c.turnd_turn(http, skey, provider)
+                    s = await c.turnd_turn(http, skey, via)
                     if s.status is None or '"complete"' not in s.status:
                         raise RuntimeError(f"short turn did not complete: {s.status}")
-                    delivered[0] += s.tokens
+                    if s.tokens != length:
+                        raise RuntimeError(f"a turn relayed {s.tokens} tokens, not {length}")
 
             cpu0, t0 = cpu_seconds(turnd.pid), c.now()
             async with anyio.create_task_group() as tg:
                 for skey in skeys:
                     tg.start_soon(worker, skey)
-            return c.now() - t0, cpu_seconds(turnd.pid) - cpu0, delivered[0]
+            return c.now() - t0, cpu_seconds(turnd.pid) - cpu0
 
-        await batch(min(turns, 50))  # warm-up
+        await batch(min(turns, 50), provider, tokens)  # warm-up
+        if long is not None:
+            await batch(min(turns, 50), *long)
         for run in range(runs):
-            wall, cpu, delivered = await batch(turns)
-            relay = (per_token_us or 0.0) * 1e-6 * delivered
-            per_turn = (cpu - relay) / turns
+            wall, cpu = await batch(turns, provider, tokens)
             fig = {
-                "turnd_cpu_ms_per_turn": per_turn * 1000.0,
                 "turnd_cpu_ms_per_turn_with_relay": cpu / turns * 1000.0,
-                # SPEC §10's "turns/s on one core": finished turns per second of turnd's CPU.
-                "turns_per_s": turns / cpu if cpu else math.inf,
                 "turns_per_s_wall": turns / wall,
             }
+            relay = 0.0
+            if long is not None:
+                _, cpu_long = await batch(turns, *long)
+                relay = max(0.0, (cpu_long - cpu) / turns / (long[1] - tokens))
+                fig["relay_cpu_us_per_token"] = relay * 1e6
+            per_turn = cpu / turns - relay * tokens
+            fig["turnd_cpu_ms_per_turn"] = per_turn * 1000.0
+            # SPEC §10's "turns/s on one core": finished turns per second of turnd's CPU.
+            # Counted with the relay, as it was before the relay was measured here.
+            fig["turns_per_s"] = turns / cpu if cpu else math.inf
             log(f"  short turns run {run + 1}/{runs}: {turns} turns x {tokens} tokens in "
-                f"{wall:.2f} s ({fig['turns_per_s_wall']:.0f}/s), CPU {fig['turnd_cpu_ms_per_turn']:.2f} ms "
-                f"a turn without the relay ({fig['turnd_cpu_ms_per_turn_with_relay']:.2f} with)")
+                f"{wall:.2f} s ({fig['turns_per_s_wall']:.0f}/s), CPU {per_turn * 1000:.2f} ms a "
+                f"turn without the relay ({fig['turnd_cpu_ms_per_turn_with_relay']:.2f} with; "
+                f"relay {relay * 1e6:.1f} us a token)")
             out.append(fig)
     return out
 

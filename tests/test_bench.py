@@ -25,6 +25,7 @@ REQUIRED = [
     "claim_to_first_delta_ms_p50",
     "model_ttft_ms_p50",
     "turnd_cpu_ms_per_turn",
+    "relay_cpu_us_per_token",  # measured in the short-turns phase, and subtracted
     "turns_per_s",
     "send_wall_s",
     # the many-streams phase (10 streams in --smoke), every stream checked
