@@ -104,3 +104,24 @@ def test_the_api_routes_and_their_dependencies_run_on_the_event_loop():
         if not (inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call))
     ]
     assert threaded == []
+
+
+def test_serve_runs_the_collector_again_on_a_servers_schedule():
+    # `turnd serve` starts with the collector off and turns it on once it serves; its
+    # youngest generation then waits for YOUNG_GENERATION_THRESHOLD objects, not 700.
+    import gc
+
+    from daemon import cli
+
+    before = gc.get_threshold()
+    gc.disable()
+    try:
+        cli._collect_again()
+        assert gc.isenabled()
+        assert gc.get_threshold() == (cli.YOUNG_GENERATION_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0  # what start-up built is out of every collection
+        assert cli.YOUNG_GENERATION_THRESHOLD > before[0]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+        gc.enable()
