@@ -20,10 +20,13 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["CACHE", "Quick", "QuickWrite"]
+
+T = TypeVar("T")
 
 # The store's page cache per connection: 512 KiB, not SQLite's 2 MB default. A reader's
 # is cleared whenever another connection wrote since its last read (WAL), nearly every
@@ -120,28 +123,56 @@ class QuickWrite(_ThreadConnection):
 
     def write(self, sql: str, params: Any, *, many: bool = False) -> int | None:
         """Run ``sql`` with ``params`` (``many``: with each of them, as ``executemany``)."""
+        now = self._spend()
+        if now is None:
+            return None
+        if not many:
+            return self._write(lambda conn: conn.execute(sql, params).rowcount, now)
+        changed = self.write_all([(sql, params, True)], now=now)
+        return None if changed is None else changed[0]
+
+    def write_all(
+        self, statements: Sequence[tuple[str, Any, bool]], *, now: float | None = None
+    ) -> list[int] | None:
+        """Run ``(sql, params, many)`` statements in one transaction: all or none, and one
+        commit. The rows each changed, or None as for :meth:`write`."""
+        now = self._spend() if now is None else now
+        if now is None:
+            return None
+
+        def run(conn: sqlite3.Connection) -> list[int]:
+            # All or none: autocommit would commit each statement, and a write that stops
+            # busy part-way would be run again whole by the worker thread.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                changed = [
+                    (conn.executemany if many else conn.execute)(sql, params).rowcount
+                    for sql, params, many in statements
+                ]
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return changed
+
+        return self._write(run, now)
+
+    def _spend(self) -> float | None:
+        """The time a write starts at, or None when it is not for this thread's loop now."""
         now = time.perf_counter()
         self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._share)
         self._refilled = now
         self._count += 1
         if self._tokens <= 0 or self._count % CHECKPOINT_EVERY == 0:
             return None
+        return now
+
+    def _write(self, run: Callable[[sqlite3.Connection], T], now: float) -> T | None:
         conn = self._connection()
         if conn is None:
             return None
         try:
-            if not many:
-                return conn.execute(sql, params).rowcount
-            # All rows or none: autocommit would commit each row, and a write that stops
-            # busy part-way would be run again whole by the worker thread.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                changed = conn.executemany(sql, params).rowcount
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return changed
+            return run(conn)
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error:

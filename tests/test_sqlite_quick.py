@@ -103,6 +103,31 @@ def test_a_write_of_many_rows_writes_all_of_them_or_none(db):
     writer.close()
 
 
+def test_statements_written_together_are_one_transaction(db):
+    path, other = db
+    writer = QuickWrite(path)
+    other.execute("INSERT INTO t VALUES ('gone', 'x'), ('b', 'taken')")
+    together = [
+        ("DELETE FROM t WHERE k = ?", ("gone",), False),
+        ("INSERT INTO t VALUES (?, ?)", [("a", "1"), ("b", "2")], True),  # 'b' conflicts
+    ]
+    with pytest.raises(sqlite3.IntegrityError):
+        writer.write_all(together)
+    # Nothing of it is kept: the delete before the conflict was rolled back too.
+    assert other.execute("SELECT k FROM t ORDER BY k").fetchall() == [("b",), ("gone",)]
+    other.execute("BEGIN IMMEDIATE")  # busy: not run here, for the worker thread to run
+    assert writer.write_all([("DELETE FROM t WHERE k = ?", ("gone",), False)]) is None
+    other.execute("COMMIT")
+    assert other.execute("SELECT count(*) FROM t").fetchone() == (2,)
+    changed = writer.write_all([
+        ("DELETE FROM t WHERE k = ?", ("gone",), False),
+        ("INSERT INTO t VALUES (?, ?)", [("c", "3"), ("d", "4")], True),
+    ])
+    assert changed == [1, 2]
+    assert other.execute("SELECT k FROM t ORDER BY k").fetchall() == [("b",), ("c",), ("d",)]
+    writer.close()
+
+
 def test_writes_stop_once_the_loop_has_spent_its_share(db):
     path, other = db
     writer = QuickWrite(path, share=0.0, burst=0.0005)

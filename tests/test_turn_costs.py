@@ -85,6 +85,43 @@ async def test_a_state_write_does_not_queue_behind_one_on_the_worker_thread(tmp_
         await state.aclose()
 
 
+@pytest.mark.parametrize("busy", [False, True], ids=["on the loop", "waiting for the file"])
+async def test_a_turns_end_is_written_to_the_state_file_at_once(tmp_path, busy):
+    """The turn's usage rows, its timing and its claim row's removal are written
+    together, in one transaction on the loop's thread (tests/test_sqlite_quick.py: all
+    or none) where there were three. When the file is busy they wait on the worker
+    thread, each on its own (a transaction held across hops would make the loop's
+    writes busy meanwhile), and all of them are kept."""
+    from turns.state import ReplyTiming, UsageRow
+
+    path = tmp_path / "state.sqlite3"
+    state = await StateDB.open(path)
+    row = UsageRow(DID, "3kskey", "3kkey.r0", "turn", 0, "p", "m", 3, 5, 0, 0, None, 1.0, 2.0, "ok")
+    timing = ReplyTiming(DID, "3kskey", "3kkey.r0", 12.5, 3.0)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        await state.add_claim(DID, "3kskey", "3kkey.r0")
+        await state.add_claim(DID, "3kskey", "3kother.r0")
+        async with anyio.create_task_group() as tg:
+            if busy:
+                other.execute("BEGIN IMMEDIATE")
+
+                async def release() -> None:
+                    await anyio.sleep(0.3)
+                    other.execute("COMMIT")
+
+                tg.start_soon(release)
+            with anyio.fail_after(5):
+                await state.add_usage([row], timing, release=(DID, "3kskey", "3kkey.r0"))
+        assert [c.reply_key for c in await state.claims()] == ["3kother.r0"]
+        assert await state.usage_rows(DID) == [row]
+        [usage] = await state.reply_usage(DID, "3kskey")
+        assert (usage.reply_key, usage.latency_ms, usage.ttft_ms) == ("3kkey.r0", 12.5, 3.0)
+    finally:
+        other.close()
+        await state.aclose()
+
+
 def test_the_api_routes_and_their_dependencies_run_on_the_event_loop():
     """FastAPI runs a plain ``def`` endpoint or dependency in a worker thread: a thread
     hop per request, and a turn is two requests (the POST and the stream)."""

@@ -171,8 +171,9 @@ class TurnAccount:
     def end(self, record: Mapping[str, Any]) -> None:
         self.trace.end(record, self.cost)
 
-    async def save_rows(self) -> None:
-        """The turn's usage rows, its summary calls' among them, stored in one write."""
+    async def save_rows(self, release: bool = False) -> None:
+        """The turn's usage rows, its summary calls' among them, stored in one write; with
+        ``release`` (its final record is written) the turn's claim row goes in it too."""
         rows, self._rows = self._rows, []
         summaries, self.summaries = self.summaries, None
         if summaries is not None:
@@ -184,4 +185,5 @@ class TurnAccount:
                     self._did, self._skey, self._reply, summaries.model, counted, kind="summary"
                 ))
         timing, self._timing = self._timing, None
-        await self._books.ledger.save(rows, timing)
+        claim = (self._did, self._skey, self._reply) if release else None
+        await self._books.ledger.save(rows, timing, claim)

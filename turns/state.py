@@ -127,6 +127,8 @@ class UsageSum:
     cost: float
 
 
+_DROP_CLAIM = "DELETE FROM turn_claim WHERE did=? AND skey=? AND reply_key=?"
+
 _GROUPS = {
     "day": "strftime('%Y-%m-%d', started_at, 'unixepoch')",
     "model": "provider || ':' || model",
@@ -229,6 +231,21 @@ class StateDB:
             cursor = await run(sql, args)
             return cursor.rowcount
 
+    async def _run_all(self, statements: Sequence[tuple[str, Any, bool]]) -> None:
+        """``(sql, args, many)`` statements in one transaction (one commit) on the loop's
+        thread when SQLite can take them at once; else each on its own, as :meth:`_run`
+        runs one."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._quick is not None and not self._replacing:
+            if self._quick.write_all(statements) is not None:
+                return
+        # Through the worker thread each on its own, as they were before: a transaction
+        # held open across hops would make every write on the loop's thread busy
+        # meanwhile, and send it here too.
+        for sql, args, many in statements:
+            async with self._lock:
+                await (self._db.executemany if many else self._db.execute)(sql, args)
+
     async def add_request(self, did: str, skey: str, user_key: str, attempt: int) -> bool:
         """Record a requested turn; False when the same request is already recorded."""
         n = await self._run(
@@ -255,9 +272,7 @@ class StateDB:
         )
 
     async def drop_claim(self, did: str, skey: str, reply_key: str) -> None:
-        await self._run(
-            "DELETE FROM turn_claim WHERE did=? AND skey=? AND reply_key=?", (did, skey, reply_key)
-        )
+        await self._run(_DROP_CLAIM, (did, skey, reply_key))
 
     async def claims(self) -> list[TurnClaim]:
         async with self._lock:
@@ -277,9 +292,14 @@ class StateDB:
     # -- usage (SPEC §16) -------------------------------------------------------------
 
     async def add_usage(
-        self, rows: Sequence[UsageRow], timing: ReplyTiming | None = None
+        self,
+        rows: Sequence[UsageRow],
+        timing: ReplyTiming | None = None,
+        release: tuple[str, str, str] | None = None,
     ) -> None:
-        """A turn's rows in one statement, and its timing (written once its status is out)."""
+        """A turn's rows and its timing (written once its status is out), and with
+        ``release`` (did, skey, reply key) the turn's claim row dropped: one commit for
+        the turn's end where there were three (:meth:`_run_all`)."""
         values = [
             (
                 row.did, row.skey, row.reply_key, row.kind, row.step, row.provider, row.model,
@@ -288,19 +308,25 @@ class StateDB:
             )
             for row in rows
         ]
+        statements: list[tuple[str, Any, bool]] = []
         if values:
-            await self._run(
+            statements.append((
                 "INSERT INTO usage_step (did, skey, reply_key, kind, step, provider, model,"
                 " input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost, started_at,"
                 " duration_ms, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
-                many=True,
-            )
+                True,
+            ))
         if timing is not None:
-            await self._run(
+            statements.append((
                 "INSERT OR REPLACE INTO reply_timing VALUES (?, ?, ?, ?, ?)",
                 (timing.did, timing.skey, timing.reply_key, timing.latency_ms, timing.ttft_ms),
-            )
+                False,
+            ))
+        if release is not None:
+            statements.append((_DROP_CLAIM, release, False))
+        if statements:
+            await self._run_all(statements)
 
     async def reply_usage(self, did: str, skey: str) -> list[ReplyUsage]:
         """Each reply of one conversation: its steps summed, and its timing when kept."""

@@ -172,11 +172,10 @@ class Turn:
             status, error, parts, started = await self._generate()
         finally:
             s.running.pop(a, None)
-        # 10. Finish.
-        if await self._finish(status, error, parts, started):
-            # Only once the final record is written: while it is not, the claim stays
-            # (the background retry drops it; a restart marks the reply interrupted).
-            await state.drop_claim(a.did, a.skey, a.reply)
+        # 10. Finish. The claim row is dropped with the usage rows, only once the final
+        # record is written: while it is not, the claim stays (the background retry drops
+        # it; a restart marks the reply interrupted).
+        await self._finish(status, error, parts, started)
 
     async def _refuse(self, message: str) -> None:
         """Answer the turn with an error reply, claiming it as any runner would."""
@@ -403,7 +402,7 @@ class Turn:
             )
             # The rows are stored after the status is out and before the stream ends, so a
             # client that saw the end and asks again finds its usage counted.
-            await account.save_rows()
+            await account.save_rows(release=written)
             self.buffer.close()
             account.end(record)
             ttft = parts.first_delta_at - started if parts.first_delta_at is not None else None

@@ -8,6 +8,7 @@ numbers. A row holds numbers and references only, never content.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -90,15 +91,28 @@ class UsageLedger:
             outcome=outcome,
         )
 
-    async def save(self, rows: Sequence[UsageRow], timing: ReplyTiming | None = None) -> None:
-        """Store rows (and a turn's timing) and count them in /metrics and the quota counter."""
-        if not rows and timing is None:
+    async def save(
+        self,
+        rows: Sequence[UsageRow],
+        timing: ReplyTiming | None = None,
+        release: tuple[str, str, str] | None = None,
+    ) -> None:
+        """Store rows (and a turn's timing) and count them in /metrics and the quota counter;
+        ``release`` (did, skey, reply key) drops the turn's claim row in the same commit."""
+        if not rows and timing is None and release is None:
             return
         try:
-            await self._state.add_usage(rows, timing)
+            await self._state.add_usage(rows, timing, release)
         except Exception as exc:  # noqa: BLE001 - accounting must never fail a turn
             where = rows[0] if rows else timing
-            log.error("could not record the usage of %s/%s: %s", where.skey, where.reply_key, exc)
+            log.error(
+                "could not record the usage of %s: %s",
+                f"{where.skey}/{where.reply_key}" if where else "a turn", exc,
+            )
+            if release is not None:
+                # A claim row left behind is dropped at the next start (TurnEngine.recover).
+                with contextlib.suppress(Exception):
+                    await self._state.drop_claim(*release)
         tokens = self._metrics.tokens
         for row in rows:
             label = f"{row.provider}:{row.model}"
