@@ -390,3 +390,34 @@ async def test_delete_with_a_queued_turn_claims_nothing_and_leaves_no_request(
         assert not [r for r in await dm.service.state.requests() if r.skey == skey]
         await anyio.sleep(0.3)
         assert not [k for k in await dm.store_keys() if k[0] == skey]  # no reply was claimed
+
+
+async def test_a_turns_ref_touch_keeps_what_another_writer_put_in_the_ref_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """turns.conversation_refs: a touch after one of this process's own is a put that
+    swaps on the CID it wrote, not a read and a put. A rename made elsewhere in between
+    (PATCH, another daemon, a direct write) fails that swap, and the touch reads it."""
+    from recordstore.local import LocalStore
+    from turns import account_space, conversations
+    from turns.conversation_refs import ConversationRefs
+
+    async with LocalStore.open(tmp_path / "data") as store:
+        refs = ConversationRefs(store)
+        skey = new_tid()
+        await refs.touch(ALICE, skey, "first")
+        first = await account_space.get_ref(store, ALICE, skey)
+        assert first is not None and first.value["title"] == "first"
+        await refs.touch(ALICE, skey)  # its own write: swapped on, title kept
+        second = await account_space.get_ref(store, ALICE, skey)
+        assert second is not None and second.value["title"] == "first"
+        assert second.value["updatedAt"] >= first.value["updatedAt"]
+        await conversations.touch_ref(store, ALICE, skey, "renamed")  # not through refs
+        await refs.touch(ALICE, skey)
+        third = await account_space.get_ref(store, ALICE, skey)
+        assert third is not None and third.value["title"] == "renamed"
+        # Deleted meanwhile: the touch writes it again, as a read-and-put touch did.
+        await store.delete_record(ALICE, SETTINGS_SPACE, CONVERSATION_REF, skey)
+        await refs.touch(ALICE, skey)
+        again = await account_space.get_ref(store, ALICE, skey)
+        assert again is not None and "title" not in again.value

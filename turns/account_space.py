@@ -25,11 +25,11 @@ async def get_ref(store: RecordStore, did: str, skey: str) -> Record | None:
 
 async def put_ref(
     store: RecordStore, did: str, skey: str, value: dict[str, Any], *, new: bool = False
-) -> None:
+) -> Record:
     """Write the conversationRef of ``skey``; ``new``: none was there (the space may not be)."""
     if new:
         await ensure(store, did)
-    await store.put_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey, value)
+    return await store.put_record(did, SETTINGS_SPACE, CONVERSATION_REF, skey, value)
 
 
 async def get_preferences(store: RecordStore, did: str) -> Record | None:

@@ -18,11 +18,11 @@ from recordstore import (
     Record,
     RecordNotFound,
     RecordStore,
-    StoreError,
 )
 from recordstore.keys import message_sort_key, new_tid, parse_reply_key
 from recordstore.lexicon import validate_record
 from turns import account_space, records, triggers
+from turns.conversation_refs import ConversationRefs
 
 log = logging.getLogger("turnd.turns")
 
@@ -125,10 +125,6 @@ async def next_attempt(
 
 
 async def touch_ref(store: RecordStore, did: str, skey: str, title: str | None = None) -> None:
-    """Keep the settings space's conversationRef current (the listing reads it)."""
-    try:
-        existing = await account_space.get_ref(store, did, skey)
-        value = records.conversation_ref(did, skey, existing.value if existing else None, title)
-        await account_space.put_ref(store, did, skey, value, new=existing is None)
-    except StoreError as exc:
-        log.warning("could not update the conversationRef of %s: %s", skey, exc)
+    """Keep the settings space's conversationRef current (the listing reads it): read and
+    written, for a caller without the engine's :class:`ConversationRefs`."""
+    await ConversationRefs(store, kept=0).touch(did, skey, title)

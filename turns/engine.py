@@ -37,6 +37,7 @@ from recordstore.keys import parse_reply_key, reply_key
 from turns import attachments, conversations, manage, records, triggers
 from turns.accounting import Accounting, Books
 from turns.approval import APPROVAL, Approvals
+from turns.conversation_refs import ConversationRefs
 from turns.final_writes import FinalWrites
 from turns.metrics import TurnMetrics
 from turns.models import Clients
@@ -119,8 +120,9 @@ class TurnEngine:
         self._upkeep = Upkeep(
             store, state, settings, self._running, self.metrics, maintenance_interval
         )
+        self.refs = ConversationRefs(store)
         self.titles = Titles(
-            store, self._clients, partial(conversations.touch_ref, store),
+            store, self._clients, self.refs.touch,
             record_usage=self.books.record_side_call,
         )
         # SPEC §14: the catalog of tools (plugins.sources.ToolCatalog), calls awaiting approval.
@@ -148,6 +150,7 @@ class TurnEngine:
                 http=http,
                 running=self._running,
                 titles=self.titles,
+                refs=self.refs,
                 final_writes=self._final_writes,
                 cache_dir=self._cache_dir,
                 tools=self._tools,
@@ -257,7 +260,7 @@ class TurnEngine:
             self._store, did, skey, parent=parent, parts=parts, generation=generation
         )
         if generation is None:
-            await conversations.touch_ref(self._store, did, skey)
+            await self.refs.touch(did, skey)
             return PostResult(created.key, None, None)
         # The conversationRef is touched when the reply is written.
         turn = await self._start(did, skey, created, fresh=True)

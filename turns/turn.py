@@ -32,11 +32,12 @@ from recordstore import (
     RecordStore,
     StoreError,
 )
-from turns import conversations, records
+from turns import records
 from turns.accounting import Books, TurnAccount
 from turns.address import Start, TurnAddress
 from turns.approval import ApprovalGate, Approvals
 from turns.claim_row import load_with_claim_row
+from turns.conversation_refs import ConversationRefs
 from turns.conversations import Conversation
 from turns.final_writes import FinalWrites
 from turns.generate import run_steps, scrub
@@ -85,6 +86,7 @@ class TurnServices:
     # The engine's running set: a turn is in it while there is something to cancel.
     running: dict[TurnAddress, Turn]
     titles: Titles
+    refs: ConversationRefs  # the conversationRefs a finished turn touches
     final_writes: FinalWrites
     books: Books  # usage, quotas, fallbacks, traces (SPEC §16)
     cache_dir: Path | None = None  # image derivatives, by CID (turns.attachments)
@@ -409,7 +411,7 @@ class Turn:
             self._observe(record, ttft, time.monotonic() - started)
             if not written:
                 return False
-            await conversations.touch_ref(s.store, a.did, a.skey)
+            await s.refs.touch(a.did, a.skey)
             conversation = self.conversation
             if record["status"] == "complete" and title_wanted(
                 self._settings, conversation.info, conversation.preferences
