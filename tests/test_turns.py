@@ -767,3 +767,30 @@ async def test_the_first_delta_of_a_burst_reaches_subscribers_before_the_rest_is
         assert first.count("delta") < 10, first
         assert sum(b.count("delta") for b in batches) == 400
         assert texts(await kit.reply(skey, posted.reply_key)) == "".join(f"t{i} " for i in range(400))
+
+
+async def test_a_posted_message_whose_turn_already_ran_here_is_not_started_again(tmp_path, fake):
+    """The change feed can start a posted message's turn, and finish it, before the POST
+    that wrote the message starts it (under load its write came back from aiosqlite's
+    thread late). The POST then finds it answered, and the finished reply's stream keeps
+    its deltas for a subscriber who comes now: a second runner used to lose the claim and
+    put a stream of the stored status alone in its place."""
+    from recordstore import Record
+    from turns import records
+    from turns.address import TurnAddress
+
+    async with turn_kit(tmp_path, fake) as kit:
+        fake.push(Reply.text(["Hel", "lo"]))
+        skey = await kit.conversation()
+        key = new_tid()
+        value = records.user_message([text_part("hi")], None, {})
+        created = await kit.store.create_record(DID, skey, MESSAGE, key, value)
+        assert await kit.engine.start_turn(DID, skey, key) == "claimed"  # as the feed does
+        with anyio.fail_after(10):
+            await kit.engine._starts[TurnAddress(DID, skey, key, 0)].finished.wait()
+        assert isinstance(created, Record)
+        assert await kit.engine._start(DID, skey, created, fresh=True) == "answered"  # the POST
+        events = await kit.events(skey, f"{key}.r0")
+        assert [data["text"] for _, name, data in events if name == "delta"] == ["Hel", "lo"]
+        assert events[-1][1] == "status" and events[-1][2]["status"] == "complete"
+        assert fake.request_count == 1

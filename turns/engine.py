@@ -398,6 +398,12 @@ class TurnEngine:
             return None
         address = TurnAddress(did, skey, user_key, triggers.attempt_of(generation))
         start = self._starts.get(address)
+        if start is None and self._streams.get(did, skey, address.reply) is not None:
+            # It ran here and has finished. A POST can get here after its message's turn
+            # did: the change feed read the message (written through aiosqlite's thread,
+            # whose answer came late) and started it. A second runner would lose the
+            # claim and replace the reply's stream, deltas and all, by its stored status.
+            return "answered"
         if start is None and not fresh:
             if await self._store.get_record(did, skey, MESSAGE, address.reply) is not None:
                 return "answered"
