@@ -794,3 +794,23 @@ async def test_a_posted_message_whose_turn_already_ran_here_is_not_started_again
         assert [data["text"] for _, name, data in events if name == "delta"] == ["Hel", "lo"]
         assert events[-1][1] == "status" and events[-1][2]["status"] == "complete"
         assert fake.request_count == 1
+
+
+async def test_a_posted_turn_uses_the_info_its_post_read_and_a_queued_one_reads_it_again(tmp_path, fake):
+    """A POST reads the conversation's info (to know it exists) and its turn does not
+    read it again a moment later. A turn that waited in the rate limit's queue does:
+    the system prompt changed meanwhile is the one its model is sent."""
+    from recordstore import INFO
+
+    async with turn_kit(tmp_path, fake, settings=TurnSettings(retries=0, rate_per_minute=1)) as kit:
+        skey = await kit.conversation(system_prompt="Answer in French.")
+        first = await kit.post(skey, "1")
+        await kit.reply(skey, first.reply_key)
+        assert fake.last_request.json["messages"][0]["content"].endswith("Answer in French.")
+        second = await kit.post(skey, "2")
+        assert second.turn == "queued"
+        info = await kit.store.get_record(DID, skey, INFO, "self")
+        await kit.store.put_record(DID, skey, INFO, "self", {**info.value, "systemPrompt": "Answer in German."})
+        kit.engine._limiter._starts[DID][0] -= 60  # the minute's start is a minute old
+        await kit.reply(skey, second.reply_key)
+        assert fake.last_request.json["messages"][0]["content"].endswith("Answer in German.")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from recordstore import Record
 from recordstore.keys import reply_key
 from turns import records
 
@@ -34,7 +35,9 @@ class TurnAddress:
 class Start:
     """An in-flight start: callers wait for the claim's outcome."""
 
-    def __init__(self) -> None:
+    def __init__(self, info: Record | None = None) -> None:
+        # The conversation's info as its POST read it a moment ago: the load reads no other.
+        self.info = info
         self.done = anyio.Event()
         self.finished = anyio.Event()  # the turn has ended (its final record is written)
         self.result: str | None = None

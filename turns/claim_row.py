@@ -13,7 +13,7 @@ import contextlib
 
 import anyio
 
-from recordstore import RecordStore
+from recordstore import Record, RecordStore
 from turns import conversations
 from turns.address import TurnAddress
 from turns.conversations import Conversation
@@ -22,7 +22,9 @@ from turns.state import StateDB
 __all__ = ["load_with_claim_row"]
 
 
-async def load_with_claim_row(store: RecordStore, state: StateDB, a: TurnAddress) -> Conversation:
+async def load_with_claim_row(
+    store: RecordStore, state: StateDB, a: TurnAddress, info: Record | None = None
+) -> Conversation:
     """The conversation of ``a``, with its claim row written meanwhile; the load's
     error first if both fail (the row is then dropped, as a stray one would be)."""
     failed: list[Exception] = []
@@ -37,7 +39,7 @@ async def load_with_claim_row(store: RecordStore, state: StateDB, a: TurnAddress
     async with anyio.create_task_group() as tg:
         tg.start_soon(claim_row)
         try:
-            conversation = await conversations.load(store, a.did, a.skey)
+            conversation = await conversations.load(store, a.did, a.skey, info)
         except Exception as exc:  # noqa: BLE001 - raised below, after the row's write
             failed.insert(0, exc)
     if conversation is None or failed:

@@ -58,8 +58,12 @@ async def info(store: RecordStore, did: str, skey: str) -> Record | None:
     return await store.get_record(did, skey, INFO, "self")
 
 
-async def load(store: RecordStore, did: str, skey: str) -> Conversation:
-    found = await info(store, did, skey)
+async def load(
+    store: RecordStore, did: str, skey: str, known_info: Record | None = None
+) -> Conversation:
+    """The conversation's info, its messages and the account's preferences; ``known_info``:
+    its info as read a moment ago (a POST's), not read again."""
+    found = known_info or await info(store, did, skey)
     preferences = await account_space.get_preferences(store, did)
     by_key = {r.key: r.value for r in await _all(store, did, skey, MESSAGE)}
     return Conversation(
@@ -88,14 +92,16 @@ async def post(
     parent: str | None,
     parts: list[dict[str, Any]],
     generation: dict[str, Any] | None,
-) -> Record:
-    """Create a user message (create-only, at a new TID) in an existing conversation."""
-    if await info(store, did, skey) is None:
+) -> tuple[Record, Record]:
+    """Create a user message (create-only, at a new TID) in an existing conversation; the
+    message and the conversation's info, read to know it exists."""
+    found = await info(store, did, skey)
+    if found is None:
         raise RecordNotFound(f"no conversation {skey}")
     if parent is not None and await store.get_record(did, skey, MESSAGE, parent) is None:
         raise RecordNotFound(f"no message {parent} in conversation {skey}")
     value = records.user_message(parts, parent, generation)
-    return await store.create_record(did, skey, MESSAGE, new_tid(), value)
+    return await store.create_record(did, skey, MESSAGE, new_tid(), value), found
 
 
 async def next_attempt(

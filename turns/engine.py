@@ -256,14 +256,14 @@ class TurnEngine:
         parts: list[dict[str, Any]],
         generation: dict[str, Any] | None,
     ) -> PostResult:
-        created = await conversations.post(
+        created, info = await conversations.post(
             self._store, did, skey, parent=parent, parts=parts, generation=generation
         )
         if generation is None:
             await self.refs.touch(did, skey)
             return PostResult(created.key, None, None)
         # The conversationRef is touched when the reply is written.
-        turn = await self._start(did, skey, created, fresh=True)
+        turn = await self._start(did, skey, created, fresh=True, info=info)
         return PostResult(created.key, reply_key(created.key, 0), turn)
 
     async def regenerate(
@@ -388,8 +388,11 @@ class TurnEngine:
             raise RecordNotFound(f"no message {user_key} in conversation {skey}")
         return await self._start(did, skey, record, fresh=False)
 
-    async def _start(self, did: str, skey: str, record: Record, *, fresh: bool) -> str | None:
-        """start_turn for a message already read; ``fresh``: just created, so unanswered."""
+    async def _start(
+        self, did: str, skey: str, record: Record, *, fresh: bool, info: Record | None = None
+    ) -> str | None:
+        """start_turn for a message already read; ``fresh``: just created, so unanswered;
+        ``info``: the conversation's, read a moment ago (the turn's load reads it otherwise)."""
         user_key = record.key
         if parse_reply_key(user_key) is not None:
             return None  # reply keys belong to the runners (as in triggers.decide)
@@ -414,7 +417,7 @@ class TurnEngine:
                 # Shutting down: keep the request so the next start runs it.
                 await self._state.add_request(did, skey, user_key, address.attempt)
                 return "queued"
-            start = self._starts[address] = Start()
+            start = self._starts[address] = Start(info)
             if self._active == 0:
                 self._idle = anyio.Event()
             self._active += 1

@@ -149,7 +149,9 @@ class Turn:
             finally:
                 await s.limiter.exit_queue(a.did, slot)
         # 1. Load, once per turn (and step 4's claim row meanwhile).
-        self.conversation = await load_with_claim_row(s.store, state, a)
+        # The POST's info is a moment old, unless the turn waited in the queue since.
+        known_info = None if was_queued else self._start.info
+        self.conversation = await load_with_claim_row(s.store, state, a, known_info)
         user_message = self.conversation.messages.get(a.user_key)
         if user_message is None:
             await state.drop_claim(a.did, a.skey, a.reply)
