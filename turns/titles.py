@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import openai
 
-from recordstore import INFO, MESSAGE, InvalidSwap, RecordExists, RecordStore, StoreError
+from recordstore import INFO, MESSAGE, InvalidSwap, Record, RecordExists, RecordStore, StoreError
 from recordstore.times import now_iso
 from turns.models import CHAT_OPTIONS, Clients, ModelResolutionError, parse_model
 from turns.parts import TEXT
@@ -105,6 +105,11 @@ def _answer(response: Any) -> tuple[dict[str, Any] | None, Any]:
     return (usage if isinstance(usage, dict) else None), message.get("content")
 
 
+def _titled(info: Record) -> bool:
+    title = info.value.get("title")
+    return isinstance(title, str) and bool(title)
+
+
 class NoTitle(Exception):  # noqa: N818 - an outcome, carrying its reason
     """The title model gave no title: the reason, with the provider named (never its key)."""
 
@@ -168,7 +173,8 @@ class Titles:
         scope = self._scopes[address] = anyio.CancelScope()
         try:
             with scope, anyio.move_on_after(TITLE_TIMEOUT) as timer:
-                if await self._titled(did, skey):
+                info = await self._info(did, skey)
+                if info is not None and _titled(info):
                     return  # titled since the turn read its info: the title would not be kept
                 seen = len(self.usage)
                 try:
@@ -181,7 +187,7 @@ class Titles:
                     for call in calls:
                         await self._record_usage(did, skey, "title", call["model"], call["usage"])
                 if title:
-                    await self._write(did, skey, title, reply.get("parent"))
+                    await self._write(did, skey, title, reply.get("parent"), info)
                 else:
                     self._no_title(did, skey, why)
             if timer.cancelled_caught:
@@ -192,17 +198,16 @@ class Titles:
         finally:
             self._scopes.pop(address, None)
 
-    async def _titled(self, did: str, skey: str) -> bool:
-        """Whether the conversation has a title by now. A turn asks for one when the info it
-        read at its start had none; the turns right after a conversation's first reply
-        read it before that reply's title was written, and each asked a model for a title
-        that ``_write`` then dropped (a point read here costs a hundredth of that call)."""
+    async def _info(self, did: str, skey: str) -> Record | None:
+        """The conversation's info now. A turn asks for a title when the info it read at
+        its start had none; the turns right after a conversation's first reply read it
+        before that reply's title was written, and each asked a model for a title that
+        ``_write`` then dropped (a point read here costs a hundredth of that call). The
+        record read here is the first one ``_write`` swaps on."""
         try:
-            info = await self._store.get_record(did, skey, INFO, "self")
+            return await self._store.get_record(did, skey, INFO, "self")
         except StoreError:
-            return False  # asked as before; the write reads again and decides
-        title = info.value.get("title") if info is not None else None
-        return isinstance(title, str) and bool(title)
+            return None  # asked as before; the write reads again and decides
 
     def _no_title(self, did: str, skey: str, reason: str) -> None:
         if self.on_no_title is not None:
@@ -243,15 +248,18 @@ class Titles:
             self.usage.append({"model": ref, "usage": usage})
         return clean(text) if isinstance(text, str) else ""
 
-    async def _write(self, did: str, skey: str, title: str, user_key: Any) -> None:
+    async def _write(
+        self, did: str, skey: str, title: str, user_key: Any, info: Record | None = None
+    ) -> None:
         for _ in range(3):
-            info = await self._store.get_record(did, skey, INFO, "self")
+            if info is None:
+                info = await self._store.get_record(did, skey, INFO, "self")
             if info is None and (
                 not isinstance(user_key, str)
                 or await self._store.get_record(did, skey, MESSAGE, user_key) is None
             ):
                 return  # deleted meanwhile: nothing to title
-            if info is not None and isinstance(info.value.get("title"), str) and info.value["title"]:
+            if info is not None and _titled(info):
                 return  # a title arrived meanwhile (the user's, or another turn's): it wins
             value = dict(info.value) if info else {"$type": INFO, "createdAt": now_iso()}
             value.update(title=title, titleSource="generated")
@@ -261,6 +269,7 @@ class Titles:
                 else:
                     await self._store.put_record(did, skey, INFO, "self", value, swap_cid=info.cid)
             except (InvalidSwap, RecordExists):
+                info = None
                 continue  # changed under us: read again and decide again
             except StoreError as exc:
                 log.warning("could not write the title of %s: %s", skey, exc)
