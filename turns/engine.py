@@ -26,7 +26,6 @@ from plugins.sources import ToolCatalog
 from recordstore import (
     MESSAGE,
     Change,
-    InvalidSwap,
     Record,
     RecordExists,
     RecordNotFound,
@@ -210,17 +209,7 @@ class TurnEngine:
         pending replies, so abandoned ones from before this start are found too.
         """
         self._upkeep.accounts = list(accounts)
-        for claim in await self._state.claims():
-            record = await self._store.get_record(claim.did, claim.skey, MESSAGE, claim.reply_key)
-            if record is not None and record.value.get("status") == "pending" and self._mine(record.value):
-                value = records.interrupted(record.value)
-                try:
-                    await self._store.put_record(
-                        claim.did, claim.skey, MESSAGE, claim.reply_key, value, swap_cid=record.cid
-                    )
-                except (InvalidSwap, StoreError) as exc:
-                    log.warning("could not mark %s interrupted: %s", claim.reply_key, exc)
-            await self._state.drop_claim(claim.did, claim.skey, claim.reply_key)
+        await self._upkeep.interrupt_claims()
         window = self._settings().backfill_minutes * 60
         for request in await self._state.requests():
             await self._state.drop_request(
@@ -228,11 +217,6 @@ class TurnEngine:
             )
             if time.time() - request.requested_at <= window:
                 self.task_group.start_soon(self._start_quietly, request.did, request.skey, request.user_key)
-
-    def _mine(self, value: Mapping[str, Any]) -> bool:
-        """Whether a placeholder is this instance's claim (another runner may have won)."""
-        claim = value.get("claim")
-        return not isinstance(claim, str) or claim.startswith(self._state.instance_id + ":")
 
     async def _start_quietly(self, did: str, skey: str, user_key: str) -> None:
         try:
@@ -355,10 +339,9 @@ class TurnEngine:
         if decision.error is not None:
             await self._error_reply(change.did, change.space, change.key, decision.attempt, decision.error)
             return
-        reply = reply_key(change.key, decision.attempt)
         address = TurnAddress(change.did, change.space, change.key, decision.attempt)
-        if address in self._starts or self._streams.get(change.did, change.space, reply) is not None:
-            return  # started here (a POST, or this feed earlier): nothing to read
+        if self._started_here(address):
+            return  # a POST, or this feed earlier: nothing to read
         if change.live and change.op == "create" and change.record is not None and change.cid:
             # Created a moment ago: the op carries the message, start_turn would read it back
             # on the claim's path (the reply's own check stays: another runner may have it).
@@ -401,11 +384,9 @@ class TurnEngine:
             return None
         address = TurnAddress(did, skey, user_key, triggers.attempt_of(generation))
         start = self._starts.get(address)
-        if start is None and self._streams.get(did, skey, address.reply) is not None:
-            # It ran here and has finished. A POST can get here after its message's turn
-            # did: the change feed read the message (written through aiosqlite's thread,
-            # whose answer came late) and started it. A second runner would lose the
-            # claim and replace the reply's stream, deltas and all, by its stored status.
+        if start is None and self._started_here(address):
+            # Finished here already: the change feed can start a POST's message (its write
+            # came back late) and end the turn before the POST gets here.
             return "answered"
         if start is None and not fresh:
             if await self._store.get_record(did, skey, MESSAGE, address.reply) is not None:
@@ -424,6 +405,12 @@ class TurnEngine:
             self.task_group.start_soon(self._turn, address, start)
         await start.done.wait()
         return start.result
+
+    def _started_here(self, address: TurnAddress) -> bool:
+        """Started by this process: starting or running, or finished with its stream still
+        kept. Starting it again would lose the claim and replace that stream (its deltas)
+        with one of the stored status."""
+        return address in self._starts or self.stream(address.did, address.skey, address.reply) is not None
 
     async def _turn(self, address: TurnAddress, start: Start) -> None:
         assert self._services is not None

@@ -1,4 +1,5 @@
-"""The engine's upkeep, once a minute: abandoned claims and the state file (SPEC §12).
+"""The engine's upkeep, once a minute: abandoned claims and the state file (SPEC §12);
+at start-up, this process's own claims the last run left.
 
 Pending replies too old for any live turn are rewritten ``error: "abandoned"``
 (see :mod:`turns.abandoned` for which ones are tracked), and a state file deleted
@@ -8,8 +9,9 @@ while running is recreated with the claims and requests of this process's turns.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 
@@ -51,6 +53,26 @@ class Upkeep:
         self._scope = anyio.CancelScope()
         self.pending = PendingReplies()
         self.accounts: list[str] = []  # scanned once, after start-up
+
+    async def interrupt_claims(self) -> None:
+        """At start-up: this process's claims left by the last run (a crash, a kill -9)
+        whose replies are still pending become ``interrupted``; each claim row goes."""
+        for claim in await self._state.claims():
+            record = await self._store.get_record(claim.did, claim.skey, MESSAGE, claim.reply_key)
+            if record is not None and record.value.get("status") == "pending" and self._mine(record.value):
+                value = records.interrupted(record.value)
+                try:
+                    await self._store.put_record(
+                        claim.did, claim.skey, MESSAGE, claim.reply_key, value, swap_cid=record.cid
+                    )
+                except (InvalidSwap, StoreError) as exc:
+                    log.warning("could not mark %s interrupted: %s", claim.reply_key, exc)
+            await self._state.drop_claim(claim.did, claim.skey, claim.reply_key)
+
+    def _mine(self, value: Mapping[str, Any]) -> bool:
+        """Whether a placeholder is this instance's claim (another runner may have won)."""
+        claim = value.get("claim")
+        return not isinstance(claim, str) or claim.startswith(self._state.instance_id + ":")
 
     def stop(self) -> None:
         self._scope.cancel()
