@@ -71,4 +71,4 @@ async def test_a_request_that_fails_gives_its_place_back() -> None:
 
 def test_a_transport_needs_a_pool() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        ShardedTransport([])
+        ShardedTransport([], fill=1)

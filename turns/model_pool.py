@@ -4,9 +4,9 @@ httpcore's pool walks every connection it holds at each request and at each resp
 close (``_assign_requests_to_connections``): with 200 streams at once that walk was ~6 %
 of turnd's CPU in the 200-stream run, and it grows with the number of connections
 (README, "Benchmarks"). :class:`ShardedTransport` keeps ``len(pools)`` pools and sends each
-request to the first one with fewer than :data:`FILL` requests in flight (the least busy
+request to the first one with fewer than ``fill`` requests in flight (the least busy
 when all are), so a quiet daemon reuses the connections of one pool and a busy one walks
-at most about ``FILL`` connections a request.
+about ``fill`` connections a request.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import httpx2
 
-__all__ = ["FILL", "ShardedTransport"]
-
-FILL = 32
+__all__ = ["ShardedTransport"]
 
 
 class _Pool:
@@ -47,9 +45,9 @@ class _Released(httpx2.AsyncByteStream):
 
 
 class ShardedTransport(httpx2.AsyncBaseTransport):
-    """Requests spread over ``transports``, each filled to :data:`FILL` before the next."""
+    """Requests spread over ``transports``, each filled to ``fill`` before the next."""
 
-    def __init__(self, transports: Sequence[httpx2.AsyncBaseTransport], fill: int = FILL) -> None:
+    def __init__(self, transports: Sequence[httpx2.AsyncBaseTransport], fill: int) -> None:
         if not transports:
             raise ValueError("ShardedTransport needs at least one transport")
         self._pools = [_Pool(t) for t in transports]
