@@ -18,6 +18,10 @@ from daemon.xrpc_errors import XrpcError, invalid_request
 
 __all__ = ["XrpcAccess"]
 
+# The request scope's key for the access token live_session verified, with its claims:
+# the method's own check takes them from there instead of verifying the token again.
+_VERIFIED = "turnd.verified_access"
+
 
 def _auth_required() -> XrpcError:
     return XrpcError(401, "AuthenticationRequired", "Authentication Required")
@@ -49,6 +53,7 @@ class XrpcAccess:
             claims.sid, claims.did, self._password(claims.did)
         ):
             raise XrpcError(400, "ExpiredToken", "Token has been revoked")
+        request.scope[_VERIFIED] = (token, claims)
 
     def account(self, repo: str) -> Account | None:
         """The served account whose DID or handle is ``repo``."""
@@ -70,7 +75,11 @@ class XrpcAccess:
             if request.headers.get("authorization"):
                 raise XrpcError(400, "InvalidToken", "Unexpected authorization type")
             raise XrpcError(401, "AuthMissing", "Authentication Required")
-        claims = self.tokens.verify(token, scope)
+        verified = request.scope.get(_VERIFIED)
+        if verified is not None and verified[0] == token and scope == ACCESS_SCOPE:
+            claims = verified[1]
+        else:
+            claims = self.tokens.verify(token, scope)
         if not any(a.did == claims.did for a in self.service.accounts):
             raise XrpcError(403, "AccountNotFound", "Account not found")
         return claims

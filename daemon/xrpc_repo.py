@@ -7,6 +7,8 @@ and a record's ``$type`` is filled in as a PDS does.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from fastapi import Query, Request
@@ -21,6 +23,8 @@ from recordstore.abilities import BatchWrites, RepoCollections, RepoLister, Repo
 from recordstore.lexicon import has_lexicon
 
 __all__ = ["RepoMethods"]
+
+log = logging.getLogger("turnd.xrpc")
 
 SWAP_COMMIT = "swapCommit is not supported by this store"
 
@@ -109,6 +113,28 @@ class RepoMethods:
             "handleIsCorrect": True,
         }
 
+    async def _answer(self, written: Iterable[tuple[recordstore.Op, recordstore.Record]]) -> None:
+        """Start the turns the written messages ask for, as the change feed would, and
+        return once each is claimed (or queued): the write is answered after its claim,
+        as a POST is. The turn then waits neither for the feed to read the write back nor
+        for the write's answer to go out (on loopback that send can give the client the
+        daemon's core for ~0.5 ms). The feed still sees the write and finds the turn
+        started; it starts any turn that could not be started here."""
+        service = self._access.service
+        owners: dict[str, str] | None = None
+        for op, rec in written:
+            if rec.collection != recordstore.MESSAGE:
+                continue
+            owners = owners if owners is not None else service.owners()
+            change = recordstore.Change(
+                rec.did, rec.space, rec.collection, rec.key, op, rec.cid, rec.value, None,
+                cursor="", live=True,
+            )
+            try:
+                await service.engine.on_written(change, owners, here=True)
+            except Exception as err:  # noqa: BLE001 - the write stands; the feed retries
+                log.warning("could not start the turn of %s/%s: %s", rec.space, rec.key, err)
+
     async def _space(self, did: str, space: str) -> None:
         # After a write succeeds (a refused one leaves nothing behind), its space is
         # made as an /api write makes it; idempotent.
@@ -128,6 +154,7 @@ class RepoMethods:
         space, key = keys.split_repo_rkey(rkey)
         value = _typed(body.record, collection)
         rec = await self._store.create_record(did, space, collection, key, value)
+        await self._answer([("create", rec)])
         await self._space(did, space)
         return _write_result(rec, rkey, status)
 
@@ -152,6 +179,7 @@ class RepoMethods:
             rec = await self._store.put_record(
                 did, space, collection, key, value, swap_cid=body.swapRecord
             )
+        await self._answer([("update", rec)])
         await self._space(did, space)
         return _write_result(rec, body.rkey, status)
 
@@ -187,6 +215,7 @@ class RepoMethods:
         if not isinstance(store := self._store, BatchWrites):
             raise not_served()
         records = await store.apply_writes(did, writes)
+        await self._answer((w.op, r) for w, r in zip(writes, records, strict=True) if r is not None)
         results: list[dict[str, Any]] = []
         for write, rec, rkey, status in zip(writes, records, rkeys, statuses, strict=True):
             if rec is None:

@@ -13,11 +13,13 @@ from atproto_client.exceptions import BadRequestError, UnauthorizedError
 
 from daemon import xrpc
 from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, SessionTokens, load_secret
+from daemon.feed import FeedFollower
 from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel
 from tests.support.accounts import ALICE, ALICE_PASSWORD, BOB
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.records import INFO, MESSAGE, text_part
+from turns.titles import asked_title
 from turns.tls import tls_context
 
 pytestmark = pytest.mark.anyio
@@ -101,6 +103,57 @@ async def test_sdk_direct_write_gets_a_reply(tmp_path: Path, fake_model: FakeMod
             headers={"Authorization": f"Bearer {refreshed.access_jwt}"}
         )
         assert me.handle == "alice.test" and me.did == did
+
+
+async def test_a_direct_message_is_answered_after_its_claim(
+    tmp_path: Path, fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """createRecord, putRecord and applyWrites of a message asking for a reply answer once
+    its turn is claimed, as a POST does: the reply is there when the write returns, with
+    the change feed held back meanwhile. Let go, the feed sees the same writes and starts
+    no second generation."""
+    held = anyio.Event()
+    handle = FeedFollower._handle
+
+    async def held_back(self: FeedFollower, change: Any) -> None:
+        await held.wait()
+        await handle(self, change)
+
+    monkeypatch.setattr(FeedFollower, "_handle", held_back)
+    async with running_daemon(tmp_path, fake_model) as dm:
+        client = await login(dm)
+        skey = new_tid()
+        repo = client.com.atproto.repo
+        await repo.create_record(
+            {"repo": ALICE, "collection": INFO, "rkey": f"{skey}:self", "record": {"createdAt": NOW}}
+        )
+        keys = [new_tid() for _ in range(3)]
+
+        async def reply(key: str) -> Any:
+            rkey = f"{skey}:{key}.r0"
+            return await repo.get_record({"repo": ALICE, "collection": MESSAGE, "rkey": rkey})
+
+        await repo.create_record({"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{keys[0]}",
+                                  "record": user_message("by create", generation={})})
+        found = [await reply(keys[0])]
+        await repo.put_record({"repo": ALICE, "collection": MESSAGE, "rkey": f"{skey}:{keys[1]}",
+                               "record": user_message("by put", parent=keys[0], generation={})})
+        found.append(await reply(keys[1]))
+        await repo.apply_writes({"repo": ALICE, "writes": [{
+            "$type": "com.atproto.repo.applyWrites#create", "collection": MESSAGE,
+            "rkey": f"{skey}:{keys[2]}",
+            "value": user_message("by applyWrites", parent=keys[1], generation={}),
+        }]})
+        found.append(await reply(keys[2]))
+        assert [f.value["role"] for f in found] == ["assistant"] * 3
+        for key in keys:
+            done = await wait_reply(client, f"{skey}:{key}.r0")
+            assert done.value["status"] == "complete"
+        held.set()
+        await anyio.sleep(0.5)  # time for the feed to start a second generation, were there one
+        chats = [r.json["messages"] for r in fake_model.requests
+                 if r.path.endswith("/chat/completions") and asked_title(r.json["messages"]) is None]
+        assert [m[-1]["content"] for m in chats] == ["by create", "by put", "by applyWrites"]
 
 
 async def test_sync_client_script_with_automatic_refresh(

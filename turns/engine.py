@@ -332,6 +332,14 @@ class TurnEngine:
         if change.collection == APPROVAL:
             self.approvals.on_change(change, owners)  # a decision on a waiting tool call
             return
+        await self.on_written(change, owners)
+
+    async def on_written(self, change: Change, owners: Mapping[str, Any], *, here: bool = False) -> None:
+        """The direct-write rules for one written record: start the turn it asks for and
+        return once that is claimed (or queued, or found answered). The change feed calls
+        it for every change; the local XRPC also calls it as it writes a message (``here``:
+        this process wrote it a moment ago, so a new message's reply is not looked for
+        first; were it there, the claim would find it)."""
         settings = self._settings()
         decision = triggers.decide(change, owners, settings.backfill_minutes)
         if decision is None:
@@ -346,7 +354,7 @@ class TurnEngine:
             # Created a moment ago: the op carries the message, start_turn would read it back
             # on the claim's path (the reply's own check stays: another runner may have it).
             record = Record(change.did, change.space, change.collection, change.key, change.cid, change.record)
-            await self._start(change.did, change.space, record, fresh=False)
+            await self._start(change.did, change.space, record, fresh=here)
             return
         await self.start_turn(change.did, change.space, change.key)
 
