@@ -117,9 +117,18 @@ async def claims(turnd: TurndProc, runs: int, samples: int, log: Log) -> list[di
                 await anyio.sleep(0.01)  # let the feed pass the info record
                 key = new_tid()
                 record = _user_message()
-                t0 = c.now()
-                await c.xrpc_create(http, jwt, DID, c.MESSAGE, f"{skey}:{key}", record)
-                t_claim = await watcher.wait(skey, f"{key}.r0")
+                claimed: list[float] = []
+
+                async def watch() -> None:
+                    claimed.append(await watcher.wait(skey, f"{key}.r0"))
+
+                # Watched from the write's start: the claim may come before the write's
+                # answer (turnd answers a message it starts after its claim, as a POST).
+                async with anyio.create_task_group() as tg:
+                    t0 = c.now()
+                    tg.start_soon(watch)
+                    await c.xrpc_create(http, jwt, DID, c.MESSAGE, f"{skey}:{key}", record)
+                t_claim = claimed[0]
                 url = f"/api/conversations/{skey}/messages/{key}.r0/stream"
                 res = await c.read_reply(http, url)
                 for _ in range(100):
