@@ -129,3 +129,40 @@ async def test_a_quiet_stream_yields_an_empty_frame_for_the_keepalive() -> None:
         async for framed in buffer.frames(0, idle=0.01):
             assert framed == b""
             break
+
+
+async def test_the_registry_heartbeat_brings_keepalives_without_a_timer_per_wait() -> None:
+    """With the registry's heartbeat running, a subscriber waits on its buffer alone and
+    sends its keepalive at the first beat after ``idle`` quiet seconds; events in between
+    go out at once and start the quiet time again. Once the heartbeat stops, a buffer's
+    subscribers fall back to a timeout of their own."""
+    registry = StreamRegistry()
+    got: list[tuple[float, bytes]] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(registry.heartbeat, 0.02)
+        await anyio.wait_all_tasks_blocked()  # it has started: buffers opened now rely on it
+        buffer = registry.open("did:plc:a", "s", "k.r0")
+        assert buffer.beat == 0.02
+        start = anyio.current_time()
+
+        async def read() -> None:
+            async for framed in buffer.frames(0, idle=0.1):
+                got.append((anyio.current_time() - start, framed))
+                if len(got) == 3:
+                    return
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as readers:
+                readers.start_soon(read)
+                await anyio.sleep(0.05)
+                buffer.publish("delta", {"i": 0})  # before the first keepalive is due
+        registry.stop_heartbeat()
+    assert got[0][1].startswith(b"event: delta")
+    assert got[1][1] == b"" and got[2][1] == b""
+    # Each keepalive at least `idle` after what the subscriber was sent before it.
+    assert got[1][0] - got[0][0] >= 0.1 and got[2][0] - got[1][0] >= 0.1
+    assert buffer.beat is None  # stopped: back to a timeout per wait
+    with anyio.fail_after(5):
+        async for framed in buffer.frames(1, idle=0.01):
+            assert framed == b""
+            break

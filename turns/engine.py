@@ -163,12 +163,14 @@ class TurnEngine:
             self.titles.attach(self._tg)
             self._final_writes.attach(self._tg)
             self._tg.start_soon(self._upkeep.run)
+            self._tg.start_soon(self._streams.heartbeat)  # the subscribers' keepalives
             self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._stack is not None
         self._upkeep.stop()
+        self._streams.stop_heartbeat()
         await self._stack.__aexit__(*exc)  # the task group waits for running turns
 
     @property

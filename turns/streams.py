@@ -27,6 +27,7 @@ import anyio
 from fastapi.sse import format_sse_event
 
 KEEP_SECONDS = 60.0
+BEAT_SECONDS = 1.0  # a registry's heartbeat: subscribers' keepalives come this late at most
 _END = b"\n\n"  # ends every frame, and only ends them: event data is JSON, one line
 
 
@@ -74,7 +75,7 @@ class ReplyStream(Protocol):
 
 class StreamBuffer:
     # A finished buffer is kept a minute per reply: no per-instance dict for it.
-    __slots__ = ("_frames", "_packed", "_count", "_wakeup", "_closed_at", "_on_subscribers")
+    __slots__ = ("_frames", "_packed", "_count", "_wakeup", "_closed_at", "_on_subscribers", "beat")
 
     def __init__(self, on_subscribers: Callable[[int], None] | None = None) -> None:
         self._frames: list[bytes] = []  # while the turn runs
@@ -83,6 +84,9 @@ class StreamBuffer:
         self._wakeup: anyio.Event | None = None
         self._closed_at: float | None = None
         self._on_subscribers = on_subscribers
+        # The period of the heartbeat that wakes this buffer's subscribers (its registry's,
+        # while that runs), or None: each wait then has a timeout of its own.
+        self.beat: float | None = None
 
     @property
     def done(self) -> bool:
@@ -181,21 +185,38 @@ class StreamBuffer:
 
     async def _follow_frames(self, after: int, idle: float) -> AsyncIterator[bytes]:
         index = max(after, 0)
+        sent = time.monotonic()  # when this subscriber was last sent something
         while True:
             self._settle()
             if index < self._count:
                 framed = self.framed_after(index)
                 index = self._count
+                sent = time.monotonic()
                 yield framed
                 continue
             if self._closed_at is not None:
                 return
             if self._wakeup is None:
                 self._wakeup = anyio.Event()
+            beat = self.beat
+            if beat is not None and idle >= beat:
+                # Woken by an event or by the heartbeat: no timer per wait, which cost
+                # a cancel scope's entry and exit at every token a subscriber waited for.
+                await self._wakeup.wait()
+                now = time.monotonic()
+                if index == self._count and self._closed_at is None and now - sent >= idle:
+                    sent = now
+                    yield b""
+                continue
             with anyio.move_on_after(idle) as scope:
                 await self._wakeup.wait()
             if scope.cancelled_caught:
+                sent = time.monotonic()
                 yield b""
+
+    def wake_waiting(self) -> None:
+        """The heartbeat: waiting subscribers look at how long they have been quiet."""
+        self._wake()
 
     def _settle(self) -> None:
         """Make pending events readable; a coalescing buffer freezes its open delta here."""
@@ -216,6 +237,8 @@ class StreamRegistry:
         self._purged_at = 0.0
         self._on_subscribers = on_subscribers
         self._new_buffer = buffer
+        self._beat: float | None = None  # the heartbeat's period while it runs
+        self._heart = anyio.CancelScope()
 
     def open(self, did: str, skey: str, reply_key: str) -> StreamBuffer:
         self._purge()
@@ -223,7 +246,28 @@ class StreamRegistry:
         buffer = self._buffers.get(key)
         if buffer is None or buffer.done:
             buffer = self._buffers[key] = self._new_buffer(self._on_subscribers)
+            buffer.beat = self._beat
         return buffer
+
+    async def heartbeat(self, period: float = BEAT_SECONDS) -> None:
+        """Wake the subscribers of every open buffer once a ``period`` until cancelled, so
+        that each sends its keepalive when it has been quiet long enough without a
+        timer of its own at every wait (buffers opened meanwhile rely on it)."""
+        self._beat = period
+        try:
+            with self._heart:
+                while True:
+                    await anyio.sleep(period)
+                    for buffer in list(self._buffers.values()):
+                        buffer.wake_waiting()
+        finally:
+            self._beat = None
+            for buffer in self._buffers.values():
+                buffer.beat = None
+                buffer.wake_waiting()  # back to a timer of their own
+
+    def stop_heartbeat(self) -> None:
+        self._heart.cancel()
 
     def claimed(self, did: str, skey: str, reply_key: str) -> None:
         """The reply's claim is this process's (a shared registry publishes only those)."""
