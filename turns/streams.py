@@ -27,7 +27,7 @@ import anyio
 from fastapi.sse import format_sse_event
 
 KEEP_SECONDS = 60.0
-BEAT_SECONDS = 1.0  # a registry's heartbeat: subscribers' keepalives come this late at most
+BEAT_SECONDS = 1.0  # a registry's heartbeat: a keepalive goes up to this much before `idle`
 _END = b"\n\n"  # ends every frame, and only ends them: event data is JSON, one line
 
 
@@ -202,9 +202,11 @@ class StreamBuffer:
             if beat is not None and idle >= beat:
                 # Woken by an event or by the heartbeat: no timer per wait, which cost
                 # a cancel scope's entry and exit at every token a subscriber waited for.
+                # The keepalive goes at the first beat a beat short of `idle`: never later
+                # than `idle` after what was sent before it (SPEC §6: every 15 seconds).
                 await self._wakeup.wait()
                 now = time.monotonic()
-                if index == self._count and self._closed_at is None and now - sent >= idle:
+                if index == self._count and self._closed_at is None and now - sent >= idle - beat:
                     sent = now
                     yield b""
                 continue
