@@ -120,12 +120,12 @@ class RepoMethods:
         for the write's answer to go out (on loopback that send can give the client the
         daemon's core for ~0.5 ms). The feed still sees the write and finds the turn
         started; it starts any turn that could not be started here."""
+        messages = [(op, rec) for op, rec in written if rec.collection == recordstore.MESSAGE]
+        if not messages:
+            return
         service = self._access.service
-        owners: dict[str, str] | None = None
-        for op, rec in written:
-            if rec.collection != recordstore.MESSAGE:
-                continue
-            owners = owners if owners is not None else service.owners()
+        owners = service.owners()
+        for op, rec in messages:
             change = recordstore.Change(
                 rec.did, rec.space, rec.collection, rec.key, op, rec.cid, rec.value, None,
                 cursor="", live=True,

@@ -340,8 +340,8 @@ class TurnEngine:
         """The direct-write rules for one written record: start the turn it asks for and
         return once that is claimed (or queued, or found answered). The change feed calls
         it for every change; the local XRPC also calls it as it writes a message (``here``:
-        this process wrote it a moment ago, so a new message's reply is not looked for
-        first; were it there, the claim would find it)."""
+        this process wrote it a moment ago, so the change holds the stored message and a
+        new message's reply is not looked for first; were it there, the claim would find it)."""
         settings = self._settings()
         decision = triggers.decide(change, owners, settings.backfill_minutes)
         if decision is None:
@@ -352,11 +352,12 @@ class TurnEngine:
         address = TurnAddress(change.did, change.space, change.key, decision.attempt)
         if self._started_here(address):
             return  # a POST, or this feed earlier: nothing to read
-        if change.live and change.op == "create" and change.record is not None and change.cid:
-            # Created a moment ago: the op carries the message, start_turn would read it back
-            # on the claim's path (the reply's own check stays: another runner may have it).
+        if change.record is not None and change.cid and (here or (change.live and change.op == "create")):
+            # Created a moment ago, or written here just now: the change carries the message,
+            # start_turn would read it back on the claim's path (the reply's own check stays
+            # unless it is a new message written here: another runner may have it).
             record = Record(change.did, change.space, change.collection, change.key, change.cid, change.record)
-            await self._start(change.did, change.space, record, fresh=here)
+            await self._start(change.did, change.space, record, fresh=here and change.op == "create")
             return
         await self.start_turn(change.did, change.space, change.key)
 
