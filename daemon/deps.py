@@ -55,7 +55,10 @@ class Caller:
     account: Account
 
 
-async def _account(request: Request, service: ServiceDep) -> Caller:
+async def _account(request: Request) -> Caller:
+    # The service read here, not as a sub-dependency: FastAPI resolves each one per
+    # request, and every /api request (two a turn) asks for the account.
+    service: Served = request.app.state.service
     token = bearer_token(request)
     found = service.account_for_token(token) if token else None
     if found is None or not found.did:

@@ -127,6 +127,7 @@ class UsageSum:
     cost: float
 
 
+_ADD_CLAIM = "INSERT OR REPLACE INTO turn_claim VALUES (?, ?, ?, ?, ?)"
 _DROP_CLAIM = "DELETE FROM turn_claim WHERE did=? AND skey=? AND reply_key=?"
 
 _GROUPS = {
@@ -266,10 +267,15 @@ class StateDB:
         return [TurnRequest(*row) for row in rows]
 
     async def add_claim(self, did: str, skey: str, reply_key: str) -> None:
-        await self._run(
-            "INSERT OR REPLACE INTO turn_claim VALUES (?, ?, ?, ?, ?)",
-            (did, skey, reply_key, self.instance_id, time.time()),
-        )
+        await self._run(_ADD_CLAIM, (did, skey, reply_key, self.instance_id, time.time()))
+
+    def add_claim_at_once(self, did: str, skey: str, reply_key: str) -> bool:
+        """:meth:`add_claim` when SQLite can take it on the loop's thread now; False (and
+        nothing written) when it would have to go through the worker thread."""
+        if self._quick is None or self._replacing:
+            return False
+        changed = self._quick.write(_ADD_CLAIM, (did, skey, reply_key, self.instance_id, time.time()))
+        return changed is not None
 
     async def drop_claim(self, did: str, skey: str, reply_key: str) -> None:
         await self._run(_DROP_CLAIM, (did, skey, reply_key))
