@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
-from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse
+from fastapi.sse import KEEPALIVE_COMMENT
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.cors import CORSMiddleware
@@ -38,6 +38,7 @@ from daemon.errors import install_error_handlers
 from daemon.hosts import HostCheck, OwnNames
 from daemon.limits import JSON_BODY_LIMIT, BodyLimit
 from daemon.served import Served
+from daemon.sse_response import ReplyEvents
 from recordstore import keys
 from recordstore.mime import blob_mime
 from recordstore.vocabulary import FILE_PART, IMAGE_PART
@@ -280,14 +281,17 @@ async def _stream_source(
 async def stream(
     request: Request,
     source: Annotated[_StreamSource, Depends(_stream_source)],
-) -> EventSourceResponse:
+) -> ReplyEvents:
     # The turn runs in the engine, not in this request: a subscriber that goes away
     # ends only this response.
     watch = request.scope.get("extensions", {}).get(SUBSCRIBER_EXTENSION)
     if watch is not None and source.buffer is not None:
         watch(source.buffer)  # closed once it reads nothing for 60 s after the turn
-    return EventSourceResponse(
-        _sse_bytes(source), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    live = source.buffer
+    return ReplyEvents(
+        _sse_bytes(source),
+        ended=(lambda: live.done) if live is not None else (lambda: True),
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
