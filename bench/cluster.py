@@ -168,26 +168,34 @@ async def streaming(a: TurndProc, b: TurndProc, fake: FakeModelProc, runs: int, 
         c.bare_client(fake.base_url) as bare,
     ):
 
-        async def one(skey: str) -> tuple[int, str | None]:
+        async def one(skey: str) -> tuple[int, str | None, tuple[float, float, float]]:
+            t0 = c.now()
             try:
                 reply = await _post(h_a, skey, "stream")
-                _, tokens, status = await _events_at(
+                posted = c.now()
+                seen, tokens, status = await _events_at(
                     h_b, f"/api/conversations/{skey}/messages/{reply}/stream"
                 )
             except httpx.HTTPError as err:
-                return 0, f"{type(err).__name__}"
-            return tokens, status
+                return 0, f"{type(err).__name__}", (0.0, 0.0, 0.0)
+            first = min(seen.values(), default=c.now())
+            return tokens, status, (posted - t0, first - posted, c.now() - t0)
 
         async def turnd_batch(n: int) -> tuple[float, int]:
             skeys = await _gather([lambda: c.new_conversation(h_a)] * n)
             t0 = c.now()
             got = await _gather([lambda s=s: one(s) for s in skeys])
             wall = c.now() - t0
-            bad = [s for _, s in got if s is None or '"complete"' not in s]
+            bad = [s for _, s, _ in got if s is None or '"complete"' not in s]
             if bad:
                 # Reported, not hidden: the figure counts only tokens that arrived.
                 log(f"  {len(bad)} of {n} streams did not end complete at B: {bad[0]}")
-            return sum(t for t, _ in got) / wall, len(bad)
+            post, first, total = max((t for _, _, t in got), key=lambda t: t[2])
+            if total > 2.0:
+                # Where a slow round's time went: the POST on A, or the stream on B.
+                log(f"  slowest stream: {total:.2f} s (POST on A {post:.2f} s, "
+                    f"then first event at B {first:.2f} s)")
+            return sum(t for t, _, _ in got) / wall, len(bad)
 
         async def bare_batch(n: int) -> float:
             t0 = c.now()
