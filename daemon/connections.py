@@ -22,6 +22,9 @@ adds:
 - **idle subscribers**: an SSE response registers its reply's stream buffer through
   the scope extension ``turnd.subscriber``; once that turn has ended, a connection
   whose writes stay blocked (the client reads nothing) for 60 s is closed.
+- **disconnects**: a response registers a callback through ``turnd.on_disconnect``,
+  called when its connection is lost (an SSE response cancels itself with it, where
+  Starlette would run a second task per response waiting for ``http.disconnect``).
 
 And :class:`AcceptErrorLog`: asyncio reports every failed ``accept()`` (EMFILE)
 through the loop's exception handler, with a traceback, once a second per socket;
@@ -44,7 +47,14 @@ from uvicorn.server import ServerState
 
 from daemon.head_with_body import HeadWithBody
 
-__all__ = ["AcceptErrorLog", "GuardedHttp", "connection_limit", "guarded_protocol"]
+__all__ = [
+    "DISCONNECT_EXTENSION",
+    "SUBSCRIBER_EXTENSION",
+    "AcceptErrorLog",
+    "GuardedHttp",
+    "connection_limit",
+    "guarded_protocol",
+]
 
 log = logging.getLogger("turnd.http")
 
@@ -54,6 +64,7 @@ ACCEPT_LOG_EVERY = 10.0
 MAX_HEAD_BYTES = 16 * 1024  # an unfinished request head (h11's default limit, kept)
 IDLE_SUBSCRIBER_SECONDS = 60.0  # after the turn ended, with nothing read meanwhile
 SUBSCRIBER_EXTENSION = "turnd.subscriber"
+DISCONNECT_EXTENSION = "turnd.on_disconnect"
 
 
 def _json_answer(status_line: bytes, error: str, message: str, *headers: bytes) -> bytes:
@@ -111,6 +122,7 @@ class GuardedHttp(HttpToolsProtocol):
         self._stream: _Finishable | None = None  # the SSE response's buffer, if any
         self._stuck_timer: asyncio.TimerHandle | None = None
         self._stuck_since: float | None = None  # blocked writes after the turn ended
+        self._on_lost: Callable[[], object] | None = None  # the response's, until it ends
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # A response's head and its body in one send (daemon.head_with_body).
@@ -159,7 +171,9 @@ class GuardedHttp(HttpToolsProtocol):
         super().on_message_begin()
         # The request's task is created once its head is complete: its scope gets the
         # extension through which an SSE response registers (see :meth:`_watch`).
-        self.scope.setdefault("extensions", {})[SUBSCRIBER_EXTENSION] = self._watch  # type: ignore[typeddict-unknown-key]
+        extensions = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item]
+        extensions[SUBSCRIBER_EXTENSION] = self._watch
+        extensions[DISCONNECT_EXTENSION] = self._on_disconnect
 
     def on_headers_complete(self) -> None:
         self._awaiting_head = False
@@ -178,6 +192,9 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _watch(self, stream: _Finishable) -> None:
         self._stream = stream
+
+    def _on_disconnect(self, callback: Callable[[], object]) -> None:
+        self._on_lost = callback
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -216,6 +233,7 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self._stream = None
+        self._on_lost = None
         super().on_response_complete()
         if self._request_done and not self.pipeline:
             self._await_next_head()
@@ -233,6 +251,9 @@ class GuardedHttp(HttpToolsProtocol):
             self._stuck_timer.cancel()
             self._stuck_timer = None
         super().connection_lost(exc)
+        if self._on_lost is not None:
+            on_lost, self._on_lost = self._on_lost, None
+            on_lost()
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()

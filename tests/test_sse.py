@@ -137,6 +137,39 @@ async def test_disconnect_does_not_cancel_and_slow_readers_do_not_slow(
             assert text == "".join(f"{word}{i} " for i in range(400))
 
 
+async def _until_subscribers(dm: Daemon, count: int) -> None:
+    """Poll /metrics until ``turnd_stream_subscribers`` reads ``count`` (the caller's timeout)."""
+    while True:
+        metrics = (await dm.http.get("/metrics")).text
+        line = next(x for x in metrics.splitlines() if x.startswith("turnd_stream_subscribers "))
+        if float(line.split()[1]) == count:
+            return
+        await anyio.sleep(0.02)
+
+
+async def test_a_subscriber_that_goes_away_is_let_go_while_the_turn_runs(
+    tmp_path: Path, fake_model: FakeModel
+) -> None:
+    # A quiet stream (the model takes 5 s to its first token) whose client closes its
+    # connection: the response ends at once, not at the next keepalive or the turn's end.
+    fake_model.default = Reply.text(["late"]).delayed(ttft=5.0)
+    async with running_daemon(tmp_path, fake_model) as dm:
+        skey = await dm.conversation()
+        posted = await dm.post(skey, "hi", generation={})
+        async with dm.client() as gone:
+            async with gone.stream("GET", stream_url(skey, posted["replyKey"])) as r:
+                assert r.status_code == 200
+                with anyio.fail_after(5):
+                    await _until_subscribers(dm, 1)
+        with anyio.fail_after(2):
+            await _until_subscribers(dm, 0)
+        stored = await dm.http.get(f"/api/conversations/{skey}")
+        reply = next(m for m in stored.json()["messages"] if m["key"] == posted["replyKey"])
+        assert reply["value"]["status"] == "pending"  # the turn itself goes on
+        final = await dm.final(skey, posted["replyKey"], wait=10)
+        assert final["status"] == "complete"
+
+
 async def test_keepalive_and_queued(
     tmp_path: Path, fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
