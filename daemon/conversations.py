@@ -7,12 +7,19 @@ preferences record and the presets."""
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 import recordstore
-from daemon.deps import AccountDep, ConversationDep, LastEventIdDep, ServiceDep
+from daemon.deps import (
+    RESUME_PARAMETERS,
+    VALIDATION_ERROR,
+    AccountDep,
+    ConversationDep,
+    ServiceDep,
+    last_event_id,
+)
 from daemon.events import EventLog
 from turns import manage
 
@@ -111,23 +118,28 @@ async def delete_conversation(conv: ConversationDep, service: ServiceDep) -> Res
 
 
 def _event_stream(path: str, description: str) -> Callable[[_Route], _Route]:
-    """A GET route answering ``text/event-stream`` (so the OpenAPI document says so)."""
+    """A GET route answering ``text/event-stream`` that resumes after ``Last-Event-ID``
+    (so the OpenAPI document says both)."""
     content = {"content": {"text/event-stream": {}}, "description": description}
-    return router.get(path, response_class=Response, responses={200: content})
+    return router.get(
+        path, response_class=Response, responses={200: content, 422: VALIDATION_ERROR},
+        openapi_extra={"parameters": RESUME_PARAMETERS},
+    )
 
 
 @_event_stream("/conversations/{skey}/events", "Record changes")
 async def conversation_events(
-    conv: ConversationDep, service: ServiceDep, after: LastEventIdDep
+    request: Request, conv: ConversationDep, service: ServiceDep
 ) -> EventSourceResponse:
+    after = last_event_id(request)
     return _stream(service.events.conversation(conv.did, conv.skey), after)
 
 
 @_event_stream("/events", "Conversations")
 async def account_events(
-    acct: AccountDep, service: ServiceDep, after: LastEventIdDep
+    request: Request, acct: AccountDep, service: ServiceDep
 ) -> EventSourceResponse:
-    return _stream(service.events.account(acct.did), after)
+    return _stream(service.events.account(acct.did), last_event_id(request))
 
 
 def _stream(log: EventLog, after: int | None) -> EventSourceResponse:

@@ -9,7 +9,9 @@ conversation is indistinguishable from a missing one (404).
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Query, Request
+from fastapi import Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import NonNegativeInt, TypeAdapter, ValidationError
 
 import recordstore
 from daemon.accounts import Account
@@ -23,10 +25,12 @@ __all__ = [
     "Caller",
     "ConversationAt",
     "ConversationDep",
-    "ConversationKey",
-    "ConversationKeyDep",
-    "LastEventIdDep",
+    "RESUME_PARAMETERS",
+    "VALIDATION_ERROR",
     "ServiceDep",
+    "caller",
+    "last_event_id",
+    "served",
 ]
 
 
@@ -37,11 +41,16 @@ class ConversationAt:
     info: recordstore.Record
 
 
-async def _service(request: Request) -> Served:
-    # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hop
-    # per request (two a turn) for an attribute read.
+def served(request: Request) -> Served:
+    """The service the app acts on (set by ``create_app``)."""
     service: Served = request.app.state.service
     return service
+
+
+async def _service(request: Request) -> Served:
+    # async: FastAPI runs a plain `def` dependency in a worker thread, a thread hop
+    # per request for an attribute read.
+    return served(request)
 
 
 ServiceDep = Annotated[Served, Depends(_service)]
@@ -55,12 +64,10 @@ class Caller:
     account: Account
 
 
-async def _account(request: Request) -> Caller:
-    # The service read here, not as a sub-dependency: FastAPI resolves each one per
-    # request, and every /api request (two a turn) asks for the account.
-    service: Served = request.app.state.service
+def caller(request: Request) -> Caller:
+    """The account of the request's bearer token; 401 without a valid one."""
     token = bearer_token(request)
-    found = service.account_for_token(token) if token else None
+    found = served(request).account_for_token(token) if token else None
     if found is None or not found.did:
         raise HTTPException(
             401,
@@ -70,42 +77,63 @@ async def _account(request: Request) -> Caller:
     return Caller(found.did, found)
 
 
+async def _account(request: Request) -> Caller:
+    # The service read in `caller`, not as a sub-dependency: FastAPI resolves each one
+    # per request, and every /api request asks for the account.
+    return caller(request)
+
+
 AccountDep = Annotated[Caller, Depends(_account)]
 
 
-@dataclass(frozen=True, slots=True)
-class ConversationKey:
-    did: str
-    skey: str
-
-
-async def _conversation_key(skey: str, acct: AccountDep) -> ConversationKey:
-    # For routes whose engine call reads the conversation anyway (and raises
-    # RecordNotFound -> 404 for a missing or foreign one): one read less per message.
+async def _conversation(skey: str, acct: AccountDep, service: ServiceDep) -> ConversationAt:
     keys.validate_space_key(skey)
-    return ConversationKey(acct.did, skey)
-
-
-ConversationKeyDep = Annotated[ConversationKey, Depends(_conversation_key)]
-
-
-async def _conversation(key: ConversationKeyDep, service: ServiceDep) -> ConversationAt:
-    info = await conversations.info(service.store, key.did, key.skey)
+    info = await conversations.info(service.store, acct.did, skey)
     if info is None:
-        raise HTTPException(404, f"no conversation {key.skey}")
-    return ConversationAt(key.did, key.skey, info)
+        raise HTTPException(404, f"no conversation {skey}")
+    return ConversationAt(acct.did, skey, info)
 
 
 ConversationDep = Annotated[ConversationAt, Depends(_conversation)]
 
 
-async def _last_event_id(  # async: a plain def would run in a worker thread (a hop)
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
-    lastEventId: Annotated[int | None, Query(ge=0)] = None,  # noqa: N803 - for fetch readers
-) -> int | None:
-    # A reconnecting EventSource sends the header; a fetch reader can only use the query.
-    return last_event_id if last_event_id is not None else lastEventId
+_EVENT_ID: TypeAdapter[int] = TypeAdapter(NonNegativeInt)
+
+# What `last_event_id` reads, in the OpenAPI document as FastAPI would put it.
+_OPTIONAL_ID = {"anyOf": [{"minimum": 0, "type": "integer"}, {"type": "null"}]}
+# A route whose only validated input is read by `last_event_id` still answers 422.
+VALIDATION_ERROR = {
+    "description": "Validation Error",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}},
+}
+RESUME_PARAMETERS = [
+    {"in": "query", "name": "lastEventId", "required": False,
+     "schema": {**_OPTIONAL_ID, "title": "Lasteventid"}},
+    {"in": "header", "name": "Last-Event-ID", "required": False,
+     "schema": {**_OPTIONAL_ID, "title": "Last-Event-Id"}},
+]
 
 
-# The last event id a stream's subscriber saw, if it says one (SSE resumption).
-LastEventIdDep = Annotated[int | None, Depends(_last_event_id)]
+def last_event_id(request: Request) -> int | None:
+    """The last event id a stream's subscriber saw, if it says one (SSE resumption).
+
+    A reconnecting EventSource sends the ``Last-Event-ID`` header; a fetch reader can
+    only use the query (``?lastEventId=``); the header wins. A bad value is FastAPI's 422
+    naming it. Read here rather than declared as FastAPI parameters, which cost ~20 µs a
+    request in FastAPI's parameter machinery, and the reply stream is two requests a turn
+    (README, issue 18); routes that use it list ``RESUME_PARAMETERS`` in ``openapi_extra``.
+    """
+    raw = request.headers.get("last-event-id")
+    where: tuple[str, str] = ("header", "Last-Event-ID")
+    if raw is None:
+        if not request.scope.get("query_string"):
+            return None
+        raw = request.query_params.get("lastEventId")
+        if raw is None:
+            return None
+        where = ("query", "lastEventId")
+    try:
+        return _EVENT_ID.validate_python(raw)
+    except ValidationError as exc:
+        errors = [{**e, "loc": where} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.sse import KEEPALIVE_COMMENT
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -28,11 +28,13 @@ from daemon import echo, tools_http, uploads, usage_api, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.conversations import router as conversations_api
 from daemon.deps import (
+    RESUME_PARAMETERS,
     AccountDep,
     ConversationDep,
-    ConversationKeyDep,
-    LastEventIdDep,
     ServiceDep,
+    caller,
+    last_event_id,
+    served,
 )
 from daemon.errors import install_error_handlers
 from daemon.hosts import HostCheck, OwnNames
@@ -217,11 +219,16 @@ async def get_conversation(conv: ConversationDep, service: ServiceDep) -> dict[s
 
 @api.post("/conversations/{skey}/messages", status_code=201)
 async def post_message(
-    conv: ConversationKeyDep, body: NewMessage, service: ServiceDep
+    request: Request, skey: str, acct: AccountDep, body: NewMessage
 ) -> dict[str, Any]:
+    # The account as the one dependency (it answers 401 before the body's 422), the
+    # rest read here: FastAPI's dependency machinery costs per dependency and request,
+    # and this is half of a turn's requests. The engine reads the conversation anyway
+    # (RecordNotFound -> 404 for a missing or foreign one).
+    keys.validate_space_key(skey)
     generation = body.generation.model_dump(exclude_none=True) if body.generation else None
-    result = await service.engine.post_message(
-        conv.did, conv.skey, parent=body.parent, parts=body.parts, generation=generation
+    result = await served(request).engine.post_message(
+        acct.did, skey, parent=body.parent, parts=body.parts, generation=generation
     )
     return {"userKey": result.user_key, "replyKey": result.reply_key, "turn": result.turn}
 
@@ -252,42 +259,38 @@ async def cancel(
     return {"cancelled": bool(await service.engine.cancel(conv.did, conv.skey, replyKey))}
 
 
-async def _stream_source(
-    skey: str,
-    replyKey: str,  # noqa: N803
-    acct: AccountDep,
-    service: ServiceDep,
-    last_event_id: LastEventIdDep,
-) -> _StreamSource:
-    # Resolved before the response starts, so a missing reply is a real 404.
-    keys.validate_space_key(skey)
-    keys.validate_key(replyKey)
-    after = last_event_id or 0
-    live = await service.engine.reply_stream(acct.did, skey, replyKey, after)
-    if live is not None:
-        return _StreamSource(after, live, None)
-    address = (acct.did, skey, replyKey)
-    stored = await reply.read_status(service.store, address, reply_only=True)
-    if stored is None:
-        raise HTTPException(404, f"no reply {replyKey} in conversation {skey}")
-    return _StreamSource(after, None, stored)
-
-
 @api.get(
     "/conversations/{skey}/messages/{replyKey}/stream",
     response_class=Response,
     responses={200: {"content": {"text/event-stream": {}}, "description": "The reply's events"}},
+    openapi_extra={"parameters": RESUME_PARAMETERS},
 )
 async def stream(
     request: Request,
-    source: Annotated[_StreamSource, Depends(_stream_source)],
+    skey: str,
+    replyKey: str,  # noqa: N803 - the SPEC's name, shown in the OpenAPI document
 ) -> ReplyEvents:
+    # No FastAPI dependencies: the other half of a turn's requests, and each one costs
+    # (the account, the service and Last-Event-ID are read from the request here).
+    acct = caller(request)
+    after = last_event_id(request) or 0
+    keys.validate_space_key(skey)
+    keys.validate_key(replyKey)
+    service = served(request)
+    # Resolved before the response starts, so a missing reply is a real 404.
+    live = await service.engine.reply_stream(acct.did, skey, replyKey, after)
+    if live is not None:
+        source = _StreamSource(after, live, None)
+    else:
+        stored = await reply.read_status(service.store, (acct.did, skey, replyKey), reply_only=True)
+        if stored is None:
+            raise HTTPException(404, f"no reply {replyKey} in conversation {skey}")
+        source = _StreamSource(after, None, stored)
     # The turn runs in the engine, not in this request: a subscriber that goes away
     # ends only this response.
     watch = request.scope.get("extensions", {}).get(SUBSCRIBER_EXTENSION)
-    if watch is not None and source.buffer is not None:
-        watch(source.buffer)  # closed once it reads nothing for 60 s after the turn
-    live = source.buffer
+    if watch is not None and live is not None:
+        watch(live)  # closed once it reads nothing for 60 s after the turn
     return ReplyEvents(
         _sse_bytes(source),
         ended=(lambda: live.done) if live is not None else (lambda: True),

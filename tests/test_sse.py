@@ -78,11 +78,22 @@ async def test_resume_with_last_event_id(tmp_path: Path, fake_model: FakeModel) 
         async with dm.http.stream("GET", stream_url(skey, reply_key) + "?lastEventId=29") as r:
             after = await read_events(r)
         assert [e["id"] for e in after] == list(range(30, ids[-1] + 1))
-        # A bad id is a 422, not a 500.
-        async with dm.http.stream(
-            "GET", stream_url(skey, reply_key), headers={"Last-Event-ID": "x"}
-        ) as r:
+        # A bad id is a 422 naming where it came from, not a 500.
+        for headers, query, where in (
+            ({"Last-Event-ID": "x"}, "", "header.Last-Event-ID: Input should be a valid integer"),
+            ({"Last-Event-ID": "-1"}, "", "header.Last-Event-ID: Input should be greater than or equal to 0"),
+            ({}, "?lastEventId=-3", "query.lastEventId: Input should be greater than or equal to 0"),
+            ({}, "?lastEventId=2.5", "query.lastEventId: Input should be a valid integer"),
+        ):
+            r = await dm.http.get(stream_url(skey, reply_key) + query, headers=headers)
             assert r.status_code == 422
+            assert r.json()["error"] == "InvalidRequest"
+            assert r.json()["message"].startswith(where), r.json()
+        # The header wins over the query (an EventSource resuming sends the header).
+        async with dm.http.stream(
+            "GET", stream_url(skey, reply_key) + "?lastEventId=3", headers={"Last-Event-ID": "29"}
+        ) as r:
+            assert [e["id"] for e in await read_events(r)] == list(range(30, ids[-1] + 1))
 
 
 async def test_stored_status_when_not_running_here(tmp_path: Path, fake_model: FakeModel) -> None:
