@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 LogFormat = Literal["text", "json"]
+_PLAIN = frozenset({int, float, bool, type(None)})  # nothing in them to redact
 REDACTED = "[redacted]"
 
 # The order a turn's fields are printed in by the text formatter (others follow, sorted).
@@ -38,10 +40,15 @@ def _timestamp(record: logging.LogRecord) -> str:
     return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
 
 
+_QUOTED = frozenset(' "=\n')  # a value with one of these is quoted
+
+
 def _text_value(value: Any) -> str:
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return repr(value)  # what json.dumps writes for it, without its encoder's setup
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     # Quote values with spaces or quotes so each line stays machine-splittable.
-    if not text or any(c in text for c in ' "=\n'):
+    if not text or not _QUOTED.isdisjoint(text):
         return json.dumps(text)
     return text
 
@@ -109,6 +116,8 @@ class RedactSecrets(logging.Filter):
     def _scrub_any(self, value: Any) -> Any:
         if isinstance(value, str):
             return self._scrub(value)
+        if type(value) in _PLAIN:
+            return value
         if isinstance(value, dict):
             return {k: self._scrub_any(v) for k, v in value.items()}
         if isinstance(value, list | tuple):

@@ -23,7 +23,7 @@ import openai
 
 from plugins.api import Tool, ToolContext
 from turns.context import ContextWindow, PromptTooLong, too_long
-from turns.models import CHAT_OPTIONS
+from turns.models import post_chat
 from turns.outcomes import ModelFailed, TurnFailed, Usage
 from turns.parts import PartsBuilder
 from turns.provider_errors import error_text, failure_text
@@ -165,15 +165,12 @@ async def _call_step(
 @asynccontextmanager
 async def _chat_stream(client: openai.AsyncOpenAI, body: dict[str, Any]) -> AsyncIterator[httpx2.Response]:
     """POST the chat body through the client (its base URL, auth, retries, error types),
-    the raw streamed response back. ``client.post`` is the SDK's documented way to a raw
-    response; ``chat.completions.create`` would first run every field of the body, each
-    message of the prompt, through the SDK's TypedDict transform, which gives chat
-    params (no aliases, no formats) back unchanged, at ~0.3 ms a call (README, issue
-    18, fourth round)."""
-    response = await client.post(
-        "/chat/completions", cast_to=httpx2.Response, body=body, options=CHAT_OPTIONS,  # type: ignore[arg-type]
-        stream=True, stream_cls=None,
-    )
+    the raw streamed response back, as ``client.post`` would (``post_chat``);
+    ``chat.completions.create`` would first run every field of the body, each message of
+    the prompt, through the SDK's TypedDict transform, which gives chat params (no
+    aliases, no formats) back unchanged, at ~0.3 ms a call (README, issue 18, fourth
+    round)."""
+    response = await post_chat(client, body, httpx2.Response, stream=True)
     try:
         yield response
     finally:

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx2  # the HTTP client openai 3.x is built on
 import openai
+from openai._models import FinalRequestOptions  # the options `client.request` takes
 
 from turns.efforts import EFFORTS, Effort  # noqa: F401 - re-exported, the names' old home
 from turns.model_pool import ShardedTransport
@@ -72,9 +73,23 @@ def _ref(value: Mapping[str, Any]) -> dict[str, str]:
     return {"provider": value["provider"], "id": value["id"]}
 
 
-# What create() sends for a chat call: the bearer key only (never an admin key). The
-# turn's steps (turns.generate) and the titles (turns.titles) post their bodies with it.
-CHAT_OPTIONS: dict[str, Any] = {"security": {"bearer_auth": True}}
+# What create() sends for a chat call: the bearer key only (never an admin key). Built
+# once as the SDK's own request options: `client.post` constructs them on every call, a
+# pydantic construct that resolves each field's default (~18 µs); a copy with the body is
+# ~1.5 µs (README, issue 18).
+_CHAT_CALL = FinalRequestOptions.construct(
+    method="post", url="/chat/completions", security={"bearer_auth": True}
+)
+
+
+async def post_chat(
+    client: openai.AsyncOpenAI, body: dict[str, Any], cast_to: type[Any], *, stream: bool = False
+) -> Any:
+    """POST a chat body as ``client.post("/chat/completions", ...)`` would: the client's
+    base URL, auth, retries and error types. The turn's steps (turns.generate) take the
+    raw streamed response, the titles (turns.titles) the answer as JSON."""
+    options = _CHAT_CALL.model_copy(update={"json_data": body})
+    return await client.request(cast_to, options, stream=stream, stream_cls=None)
 
 
 class Clients:

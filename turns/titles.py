@@ -21,7 +21,7 @@ import openai
 
 from recordstore import INFO, MESSAGE, InvalidSwap, Record, RecordExists, RecordStore, StoreError
 from recordstore.times import now_iso
-from turns.models import CHAT_OPTIONS, Clients, ModelResolutionError, parse_model
+from turns.models import Clients, ModelResolutionError, parse_model, post_chat
 from turns.parts import TEXT
 from turns.provider_errors import failure_text, name_provider, without_keys
 from turns.settings import TurnSettings
@@ -233,9 +233,7 @@ class Titles:
             # answer as JSON, not a ChatCompletion: create() ran the body through the SDK's
             # TypedDict transform and built pydantic objects of the answer, most of a
             # title's CPU (README, issue 18, fifth round).
-            response = await client.post(
-                "/chat/completions", cast_to=dict, body=body, options=CHAT_OPTIONS,  # type: ignore[arg-type]
-            )
+            response = await post_chat(client, body, dict)
         except openai.OpenAIError as exc:
             # The reason goes into a `title-failed` event: named, and without the key.
             reason = without_keys(
