@@ -102,6 +102,10 @@ def create_app(service: Served) -> FastAPI:
         version="0.1.0",
         docs_url=None,
         redoc_url=None,
+        # turnd's traces are its own ([otel], turns.telemetry, on a provider of its own);
+        # FastAPI's native telemetry would look for global OpenTelemetry providers on
+        # every request (three lookups), and trace requests if a process-wide one appeared.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
     config = service.config
