@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.sse import KEEPALIVE_COMMENT
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -121,6 +122,7 @@ def create_app(service: Served) -> FastAPI:
     if config.store_kind == "local":
         _mount(app, xrpc.router(service))
     _mount(app, echo.router())  # the built-in provider, at /echo/v1
+    _match_first(app, post_message, stream)  # the two requests of every turn
 
     blob_limit = config.max_body_bytes
     app.add_middleware(
@@ -155,6 +157,18 @@ def _mount(app: FastAPI, router: APIRouter) -> None:
     when a route is added to it, and the app has nothing of its own to add.
     """
     app.router.routes.extend(router.routes)
+
+
+def _match_first(app: FastAPI, *endpoints: Any) -> None:
+    """Move the routes of ``endpoints`` to the front of the app's routes.
+
+    Starlette tries the routes' patterns in order until one matches (~0.5 µs each; a
+    turn's stream route was the fifteenth). No other route matches their paths with
+    their methods, so the order changes nothing but the time to find them.
+    """
+    routes = app.router.routes
+    hot = [r for r in routes if isinstance(r, APIRoute) and r.endpoint in endpoints]
+    routes[:] = hot + [r for r in routes if r not in hot]
 
 
 def _add_ops_routes(app: FastAPI, service: Served) -> None:
