@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import openai
 import pytest
 
-from turns.models import choose_effort, choose_model, parse_model, reasoning_effort
+from testbed.fakemodel import FakeModel, Reply
+from turns.models import choose_effort, choose_model, parse_model, post_chat, reasoning_effort
 
 DEFAULT = "admin:default-model"
 
@@ -62,3 +64,23 @@ def test_effort_request_then_preferences() -> None:
     assert choose_effort({}, {"defaultEffort": "low"}) == "low"
     assert choose_effort({}, None) is None
     assert reasoning_effort("max") == "high" and reasoning_effort(None) is None
+
+
+@pytest.mark.anyio
+async def test_a_chat_call_goes_to_the_clients_base_url_as_it_is_now(fake_model: FakeModel) -> None:
+    # post_chat joins the chat path to a client's base URL once and keeps it: a client
+    # whose base URL is changed afterwards must be asked at the new one.
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with FakeModel() as other:
+        fake_model.push(Reply.text(["one"]))
+        other.push(Reply.text(["two"]))
+        async with openai.AsyncOpenAI(
+            base_url=fake_model.base_url, api_key="sk-test", max_retries=0
+        ) as client:
+            first = await post_chat(client, body, dict)
+            client.base_url = other.base_url
+            second = await post_chat(client, body, dict)
+    assert first["choices"][0]["message"]["content"] == "one"
+    assert second["choices"][0]["message"]["content"] == "two"
+    assert [r.path for r in fake_model.chat_requests] == ["/v1/chat/completions"]
+    assert [r.path for r in other.chat_requests] == ["/v1/chat/completions"]

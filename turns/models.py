@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,6 +81,22 @@ def _ref(value: Mapping[str, Any]) -> dict[str, str]:
 _CHAT_CALL = FinalRequestOptions.construct(
     method="post", url="/chat/completions", security={"bearer_auth": True}
 )
+# The same options per client, with the chat URL joined to its base URL once: given a
+# relative URL the SDK parses it and the base URL and joins them on every call (~30 µs);
+# an absolute one it takes as it is. Kept while the client's base URL is the same object.
+_chat_calls: weakref.WeakKeyDictionary[openai.AsyncOpenAI, tuple[httpx2.URL, FinalRequestOptions]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _chat_call(client: openai.AsyncOpenAI) -> FinalRequestOptions:
+    base = client.base_url
+    known = _chat_calls.get(client)
+    if known is None or known[0] is not base:
+        url = str(client._prepare_url(_CHAT_CALL.url))  # the SDK's own join
+        known = base, _CHAT_CALL.model_copy(update={"url": url})
+        _chat_calls[client] = known
+    return known[1]
 
 
 async def post_chat(
@@ -88,7 +105,7 @@ async def post_chat(
     """POST a chat body as ``client.post("/chat/completions", ...)`` would: the client's
     base URL, auth, retries and error types. The turn's steps (turns.generate) take the
     raw streamed response, the titles (turns.titles) the answer as JSON."""
-    options = _CHAT_CALL.model_copy(update={"json_data": body})
+    options = _chat_call(client).model_copy(update={"json_data": body})
     return await client.request(cast_to, options, stream=stream, stream_cls=None)
 
 
