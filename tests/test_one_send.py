@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import ipaddress
+import ssl
+from pathlib import Path
+
 import anyio
+import anyio.abc
+import httpcore2
 import httpx2
 import pytest
+from anyio.streams.tls import TLSStream
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from testbed.fakemodel import FakeModel, Reply
 from turns.one_send import HOLD_BYTES, OneSendBackend, model_transport, uses_env_proxy
@@ -99,3 +112,88 @@ async def test_an_idle_connection_is_readable_once_the_server_closes_it() -> Non
         await stream.aclose()
         tg.cancel_scope.cancel()
     await listener.aclose()
+
+
+def _self_signed(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context for 127.0.0.1 with a certificate of its own, and a client context
+    that trusts only that certificate."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "cert.pem").write_bytes(cert_pem)
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    client = ssl.create_default_context(cadata=cert_pem.decode())
+    return server, client
+
+
+async def test_a_tls_connection_holds_and_sends_as_a_plain_one(tmp_path: Path) -> None:
+    server_ctx, client_ctx = _self_signed(tmp_path)
+    received: list[bytes] = []
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, ssl.SSLError):
+                tls = await TLSStream.wrap(stream, server_side=True, ssl_context=server_ctx)
+                while True:
+                    received.append(await tls.receive())
+                    if received[-1].endswith(b"BODY"):
+                        await tls.send(b"OK")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        plain = await OneSendBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        stream = await plain.start_tls(client_ctx, server_hostname="127.0.0.1", timeout=5)
+        assert stream.get_extra_info("ssl_object") is not None
+        assert stream.get_extra_info("server_addr")[1] == port
+        await stream.write(b"POST / HTTP/1.1\r\n\r\n")
+        await stream.write(b"BODY")
+        assert await stream.read(10, timeout=5) == b"OK"
+        assert received == [b"POST / HTTP/1.1\r\n\r\nBODY"]  # one TLS record, one send
+        await stream.aclose()
+        # A certificate the client does not trust is a connect error, as httpcore's is.
+        other = await OneSendBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        with pytest.raises(httpcore2.ConnectError):
+            await other.start_tls(model_tls_context(), server_hostname="127.0.0.1", timeout=5)
+        tg.cancel_scope.cancel()
+    await listener.aclose()
+
+
+async def test_timeouts_and_failures_are_httpcores_errors() -> None:
+    # A server that reads nothing and answers nothing: a read times out.
+    async def silent(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, silent)
+        stream = await OneSendBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        await stream.write(b"GET / HTTP/1.1\r\n\r\n")
+        with pytest.raises(httpcore2.ReadTimeout):
+            await stream.read(10, timeout=0.05)
+        await stream.aclose()
+        with pytest.raises(httpcore2.ReadError):  # read from a closed stream
+            await stream.read(10, timeout=1)
+        tg.cancel_scope.cancel()
+    await listener.aclose()
+    # Nothing listens on that port any more: the connect is refused.
+    with pytest.raises(httpcore2.ConnectError):
+        await OneSendBackend().connect_tcp("127.0.0.1", port, timeout=5)
