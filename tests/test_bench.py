@@ -92,3 +92,15 @@ def test_bench_accounting_smoke_reports_each_setup() -> None:
     assert set(result["ttft_overhead_ms_p50"]) == {"off", "accounting", "otel", "otel_dead"}
     assert all(math.isfinite(v) for v in result["ttft_overhead_ms_p50"].values())
     assert result["runs"]["spans_received"][0] > 0  # the exporting daemon's spans arrived
+
+
+def test_bench_model_calls_reports_each_fill() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.model_calls", "--fills", "25,4", "--rounds", "1",
+         "--calls", "6", "--at-once", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["fill  25", "fill   4"]
+    assert all(float(line.split(":")[1].split()[0]) > 0 for line in lines)

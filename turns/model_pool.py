@@ -5,8 +5,9 @@ close (``_assign_requests_to_connections``): with 200 streams at once that walk 
 of turnd's CPU in the 200-stream run, and it grows with the number of connections
 (README, "Benchmarks"). :class:`ShardedTransport` keeps ``len(pools)`` pools and sends each
 request to the first one with fewer than ``fill`` requests in flight (the least busy
-when all are), so a quiet daemon reuses the connections of one pool and a busy one walks
-about ``fill`` connections a request.
+when all are), so a quiet daemon reuses the connections of one pool, one with up to
+``len(pools) * fill`` calls at once walks about ``fill`` connections a request, and a
+busier one about its calls in flight over ``len(pools)``.
 """
 
 from __future__ import annotations
