@@ -321,3 +321,35 @@ async def test_a_buffer_for_a_claim_lost_is_not_served_here(redis_server: RedisS
             await anyio.lowlevel.checkpoint()
             streams.lost("did:plc:alice", "c", "lost2.r0")
         assert results["lost2"] is None
+
+
+async def test_more_commands_and_readers_at_once_than_redis_pys_default_pool(
+    redis_server: RedisServer,
+) -> None:
+    # redis-py refuses a command past its pool's 100 connections (MaxConnectionsError),
+    # which stopped mirrors when 200 replies were mirrored at once, and marked Redis as
+    # gone. Here 150 commands and 150 XREAD BLOCKs that each hold a connection for a
+    # while all succeed, and Redis stays up.
+    async with clusters(redis_server.url, 1) as (a,):
+        link = a.link
+        failures: list[BaseException] = []
+
+        async def command(i: int) -> None:
+            try:  # BLPOP holds its connection until its timeout, as a slow command would
+                await link.redis.blpop([f"turnd:test:none:{i}"], timeout=0.3)
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                failures.append(exc)
+
+        async def reader(i: int) -> None:
+            try:
+                await link.blocking.xread({f"turnd:test:stream:{i}": "0-1"}, block=300)
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                failures.append(exc)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for i in range(150):
+                    tg.start_soon(command, i)
+                    tg.start_soon(reader, i)
+        assert failures == []
+        assert link.up

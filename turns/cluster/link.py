@@ -27,6 +27,16 @@ log = logging.getLogger("turnd.cluster")
 PROBE_SECONDS = 0.5  # how often Redis is pinged: `cluster` in /healthz follows within this
 COMMAND_TIMEOUT = 2.0  # a command that takes longer means Redis is not usable right now
 PREFIX = "turnd:"
+# Connections of the command client. redis-py's pool refuses a command at once past its
+# size (100 by default, `MaxConnectionsError`), which read as Redis being gone: with 200
+# replies mirrored at once, some mirrors stopped and their readers elsewhere waited out
+# an XREAD block (15 s) before asking again (README, "Where the figures stand"). This
+# pool makes a command wait for a free connection instead, within COMMAND_TIMEOUT.
+COMMAND_CONNECTIONS = 100
+# Connections of the blocking client: each remote subscriber holds one for its XREAD
+# BLOCK, so it has room for as many as the HTTP server lets in (at most 1000 by
+# default) and the control channel's subscription; Redis's own default is 10000 clients.
+READER_CONNECTIONS = 10_000
 
 
 class RedisLink:
@@ -46,11 +56,14 @@ class RedisLink:
             socket_keepalive=True,
             retry=Retry(NoBackoff(), 0),
         )
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_timeout=COMMAND_TIMEOUT, **common
-        )
+        self.redis: aioredis.Redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=COMMAND_CONNECTIONS, timeout=COMMAND_TIMEOUT,
+            socket_timeout=COMMAND_TIMEOUT, **common,
+        ))
         # XREAD BLOCK waits longer than any command timeout: its own client and pool.
-        self.blocking: aioredis.Redis = aioredis.Redis.from_url(url, socket_timeout=None, **common)
+        self.blocking: aioredis.Redis = aioredis.Redis.from_url(
+            url, max_connections=READER_CONNECTIONS, socket_timeout=None, **common
+        )
         self.instance = instance or secrets.token_hex(8)
         self.prefix = prefix
         self.up = False
