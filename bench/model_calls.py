@@ -23,9 +23,8 @@ import httpx2
 import openai
 
 from bench.procs import FakeModelProc
-from turns.generate import _chat_stream
 from turns.model_pool import ShardedTransport
-from turns.models import MAX_CONNECTIONS, MAX_KEEPALIVE, POOLS
+from turns.models import MAX_CONNECTIONS, MAX_KEEPALIVE, POOLS, post_chat
 from turns.one_send import model_transport
 from turns.tls import model_tls_context
 
@@ -46,10 +45,13 @@ async def _calls(client: openai.AsyncOpenAI, n: int, at_once: int) -> None:
     todo = iter(range(n))
 
     async def worker() -> None:
-        for _ in todo:
-            async with _chat_stream(client, BODY) as response:
+        for _ in todo:  # as a turn's step reads it (turns.generate)
+            response = await post_chat(client, BODY, httpx2.Response, stream=True)
+            try:
                 async for _line in response.aiter_lines():
                     pass
+            finally:
+                await response.aclose()
 
     async with anyio.create_task_group() as tg:
         for _ in range(at_once):
