@@ -104,3 +104,14 @@ def test_bench_model_calls_reports_each_fill() -> None:
     lines = out.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["fill  25", "fill   4"]
     assert all(float(line.split(":")[1].split()[0]) > 0 for line in lines)
+
+
+def test_bench_idle_gaps_reports_each_gap() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.idle_gaps", "--gaps", "0,5", "--rounds", "1", "--writes", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["gap     0 ms", "gap     5 ms"]
+    assert all(float(line.rsplit("p50", 1)[1].split()[0]) > 0 for line in lines)
