@@ -20,9 +20,10 @@ import sys
 import anyio
 
 from bench import client as c
-from bench.measure import DID, HANDLE, _iso_now
+from bench.measure import DID, HANDLE
 from bench.procs import FakeModelProc, TurndProc
 from recordstore.keys import new_tid
+from recordstore.times import now_iso
 
 
 async def _run(gaps_ms: list[float], rounds: int, writes: int) -> dict[float, float]:
@@ -32,7 +33,7 @@ async def _run(gaps_ms: list[float], rounds: int, writes: int) -> dict[float, fl
             jwt = await c.xrpc_session(http, HANDLE, turnd.password)
 
             async def write() -> float:
-                record = {"$type": c.INFO, "createdAt": _iso_now()}
+                record = {"$type": c.INFO, "createdAt": now_iso()}
                 t0 = c.now()
                 await c.xrpc_create(http, jwt, DID, c.INFO, f"{new_tid()}:self", record)
                 return c.now() - t0

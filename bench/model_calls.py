@@ -23,22 +23,15 @@ import httpx2
 import openai
 
 from bench.procs import FakeModelProc
-from turns.model_pool import ShardedTransport
-from turns.models import MAX_CONNECTIONS, MAX_KEEPALIVE, POOLS, post_chat
-from turns.one_send import model_transport
-from turns.tls import model_tls_context
+from turns.models import post_chat, providers_http_client
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
 def _client(base_url: str, fill: int) -> openai.AsyncOpenAI:
     """The providers' client as ``turns.models`` builds it, with ``fill``."""
-    limits = httpx2.Limits(max_connections=MAX_CONNECTIONS // POOLS,
-                           max_keepalive_connections=MAX_KEEPALIVE // POOLS)
-    pools = [model_transport(model_tls_context(), limits) for _ in range(POOLS)]
-    http = openai.DefaultAsyncHttpxClient(transport=ShardedTransport(pools, fill=fill))
     return openai.AsyncOpenAI(base_url=base_url, api_key="sk-bench-fake", max_retries=0,
-                              http_client=http)
+                              http_client=providers_http_client(fill))
 
 
 async def _calls(client: openai.AsyncOpenAI, n: int, at_once: int) -> None:

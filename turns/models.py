@@ -139,7 +139,7 @@ class Clients:
                 # No overall read timeout: the turn's own timeout bounds it; a stall
                 # between chunks is bounded by the read timeout instead.
                 timeout=openai.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0),
-                http_client=_http_client(),
+                http_client=providers_http_client(),
             )
         return client
 
@@ -163,7 +163,8 @@ MAX_CONNECTIONS, MAX_KEEPALIVE, POOLS = 1000, 200, 8
 FILL = 4
 
 
-def _http_client() -> httpx2.AsyncClient:
+def providers_http_client(fill: int = FILL) -> httpx2.AsyncClient:
+    """The HTTP client of the providers' SDK clients (``fill``: calls a pool takes at once)."""
     if uses_env_proxy():  # httpx's proxy transports, as the SDK would make them
         limits = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE)
         return openai.DefaultAsyncHttpxClient(verify=model_tls_context(), limits=limits)
@@ -173,4 +174,4 @@ def _http_client() -> httpx2.AsyncClient:
                            max_keepalive_connections=MAX_KEEPALIVE // POOLS)
     verify = model_tls_context()
     pools = [model_transport(verify, limits) for _ in range(POOLS)]
-    return openai.DefaultAsyncHttpxClient(transport=ShardedTransport(pools, fill=FILL))
+    return openai.DefaultAsyncHttpxClient(transport=ShardedTransport(pools, fill=fill))
