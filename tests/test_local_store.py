@@ -25,6 +25,7 @@ from recordstore import (
     InvalidRecord,
     RecordExists,
     StoreError,
+    local_db,
     sqlite_quick,
 )
 from recordstore.cid import record_cid
@@ -163,6 +164,49 @@ async def test_the_wal_is_checkpointed_though_writes_run_on_the_loop(
             await store.create_record(DID, SPACE, MESSAGE, new_tid(), value)
         # Measured while open: the last connection to close checkpoints and removes it.
         assert (tmp_path / f"{DB_NAME}-wal").stat().st_size < 8 * 1024 * 1024
+
+
+async def test_quick_reads_in_a_loop_let_other_tasks_run_once_a_slice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A quick read is a cancellation point, and it gives the loop to other tasks once
+    # per READ_SLICE: not at every read (a pass through the reader's await chain each),
+    # and never so rarely that a task reading in a loop holds the loop.
+    real_slice = local_db.READ_SLICE
+    async with LocalStore.open(tmp_path) as store:
+        key = new_tid()
+        await store.create_record(DID, SPACE, MESSAGE, key, message())
+
+        async def reads_while_counting(slice_: float, reads: int) -> int:
+            monkeypatch.setattr(local_db, "READ_SLICE", slice_)
+            ran = 0
+            stop = anyio.Event()
+
+            async def other() -> None:
+                nonlocal ran
+                while not stop.is_set():
+                    ran += 1
+                    await anyio.lowlevel.checkpoint()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other)
+                await anyio.lowlevel.checkpoint()  # the other task is running
+                ran = 0
+                for _ in range(reads):
+                    assert await store.get_record(DID, SPACE, MESSAGE, key) is not None
+                stop.set()
+            return ran
+
+        assert await reads_while_counting(0.0, 200) >= 200  # a slice of 0: every read yields
+        assert await reads_while_counting(3600.0, 200) <= 1  # one slice: at most once
+        # The real slice: 2,000 reads (~20 ms) take several slices, so others ran.
+        assert await reads_while_counting(real_slice, 2000) >= 2
+
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(anyio.get_cancelled_exc_class()):
+                monkeypatch.setattr(local_db, "READ_SLICE", 3600.0)
+                await store.get_record(DID, SPACE, MESSAGE, key)  # cancelled: raises
 
 
 @settings(
