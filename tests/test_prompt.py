@@ -49,6 +49,19 @@ def test_date_and_time_are_in_the_users_zone() -> None:
     assert text == "turnd | Monday, 02 March 2026 | 01:30 | Pacific/Kiritimati"
 
 
+def test_the_time_is_filled_in_to_the_minute() -> None:
+    # Filled once a minute and zone (turns.prompt._filled): the last second of a minute
+    # still shows it, the next minute's first shows the next.
+    late = NOW.replace(second=59, microsecond=999_999)
+    assert instructions(SETTINGS, None, None, now=late).split(" | ")[2] == "11:30"
+    next_minute = NOW.replace(minute=31)
+    assert instructions(SETTINGS, None, None, now=next_minute).split(" | ")[2] == "11:31"
+    midnight = datetime(2026, 3, 1, 23, 59, 59, tzinfo=UTC)
+    assert instructions(SETTINGS, None, None, now=midnight).split(" | ")[1] == "Sunday, 01 March 2026"
+    after = datetime(2026, 3, 2, 0, 0, tzinfo=UTC)
+    assert instructions(SETTINGS, None, None, now=after).split(" | ")[1] == "Monday, 02 March 2026"
+
+
 @pytest.mark.parametrize("prefs", [None, {}, {"timezone": "Not/AZone"}, {"timezone": ""}])
 def test_an_unknown_or_missing_zone_falls_back_to_utc(prefs: dict[str, Any] | None) -> None:
     assert instructions(SETTINGS, prefs, None, now=NOW) == "turnd | Sunday, 01 March 2026 | 11:30 | UTC"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -48,18 +49,27 @@ def instructions(
     now: datetime | None = None,
 ) -> str:
     """Base prompt (placeholders filled in the user's zone), custom instructions, system prompt."""
-    zone = user_zone(preferences)
-    local = (now or datetime.now(UTC)).astimezone(zone)
-    base = DEFAULT_SYSTEM_PROMPT if settings.system_prompt is None else settings.system_prompt
+    template = DEFAULT_SYSTEM_PROMPT if settings.system_prompt is None else settings.system_prompt
+    minute = int((now or datetime.now(UTC)).timestamp() // 60)
+    base = _filled(template, settings.app_name, user_zone(preferences), minute)
+    pieces = [base, (preferences or {}).get("customInstructions"), (info or {}).get("systemPrompt")]
+    return "\n\n".join(p for p in pieces if isinstance(p, str) and p.strip())
+
+
+@lru_cache(maxsize=64)
+def _filled(template: str, app_name: str, zone: ZoneInfo, minute: int) -> str:
+    """``template`` with its placeholders filled in for one minute (since the epoch) in
+    ``zone``: every turn of that minute and zone shares it, where each one converted the
+    time and formatted it twice (~8 µs a turn)."""
+    local = datetime.fromtimestamp(minute * 60, zone)
     for name, value in (
-        ("appName", settings.app_name),
+        ("appName", app_name),
         ("date", local.strftime("%A, %d %B %Y")),
         ("time", local.strftime("%H:%M")),
         ("timezone", zone.key),
     ):
-        base = base.replace("{{" + name + "}}", value)
-    pieces = [base, (preferences or {}).get("customInstructions"), (info or {}).get("systemPrompt")]
-    return "\n\n".join(p for p in pieces if isinstance(p, str) and p.strip())
+        template = template.replace("{{" + name + "}}", value)
+    return template
 
 
 async def chat_messages(
