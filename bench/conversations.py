@@ -1,6 +1,6 @@
 """Conversations that last (SPEC §15), measured: run from the repository root::
 
-    python -m bench.conversations [--json] [--conversations 10000] [--runs 30]
+    python -m bench.conversations [--json] [--conversations 10000] [--runs 30] [--only-long]
 
 1. The first page of 10,000 conversations: ``GET /api/conversations`` against a real
    ``turnd serve`` (local store), beside the unpaged listing it replaced (every
@@ -11,6 +11,8 @@
 3. A 20 MB photo's bytes sent to the model before (the data URL of the original) and
    after (its derivative), and the peak RSS of a prompt that names that photo 8 times,
    in a fresh process.
+4. turnd's CPU a turn in conversations of 20, 200 and 500 messages (``--only-long`` runs
+   only this; ``TURND_BENCH_TURND`` runs another build, for a before and after).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 import anyio
 import httpx
 
-from bench.procs import DID, FakeModelProc, TurndProc
+from bench.procs import DID, FakeModelProc, TurndProc, cpu_seconds
 from recordstore import CONVERSATION, CONVERSATION_REF, MESSAGE, SETTINGS_SPACE
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
@@ -69,13 +71,13 @@ def _seed_refs(store_file: Path, n: int) -> None:
         )
 
 
-def _caught_up(store_file: Path, timeout: float = 120) -> None:
+def _caught_up(turnd: TurndProc, timeout: float = 120) -> None:
     """Wait until the daemon's change feed has handled the seed (its saved cursor)."""
     deadline = time.monotonic() + timeout
-    with sqlite3.connect(store_file, timeout=30) as store:
+    with sqlite3.connect(turnd.store_file, timeout=30) as store:
         (head,) = store.execute("SELECT seq FROM sqlite_sequence WHERE name = 'ops'").fetchone()
     while time.monotonic() < deadline:
-        with sqlite3.connect(store_file.parent / "state.sqlite3", timeout=30) as state:
+        with sqlite3.connect(f"file:{turnd.state_file}?mode=ro", uri=True, timeout=30) as state:
             row = state.execute("SELECT value FROM cursor WHERE name = 'changes'").fetchone()
         if row and int(row[0]) >= head:
             return
@@ -111,7 +113,7 @@ async def _unpaged(store_file: Path) -> tuple[float, int]:
 def first_page(n: int, runs: int) -> dict[str, Any]:
     with FakeModelProc(tokens=5) as fake, TurndProc({"fake": fake.base_url}) as turnd:
         _seed_refs(turnd.store_file, n)
-        _caught_up(turnd.store_file)
+        _caught_up(turnd)
         headers = {"Authorization": f"Bearer {turnd.token}"}
         with httpx.Client(base_url=turnd.base_url, headers=headers, timeout=30, verify=tls_context()) as http:
             http.get("/api/conversations")  # warm: the feed has caught up with the seed
@@ -137,6 +139,83 @@ def first_page(n: int, runs: int) -> dict[str, Any]:
         "unpaged_listing_ms_p50": _ms(statistics.median(t for t, _ in unpaged)),
         "unpaged_listing_bytes": unpaged[0][1],
     }
+
+
+# -- 4. CPU per turn as a conversation grows ------------------------------------------------
+
+LONG_LENGTHS = (20, 200, 500)
+
+
+def _seed_messages(store_file: Path, skey: str, pairs: int) -> None:
+    """``pairs`` questions and answers, ~700 bytes each, written straight into the store."""
+    rows = []
+    parent: str | None = None
+    for i in range(pairs):
+        user = new_tid()
+        for key, role, text in ((user, "user", f"question {i} "), (f"{user}.r0", "assistant", "")):
+            value: dict[str, Any] = {
+                "$type": MESSAGE,
+                "role": role,
+                "content": {"$type": PLAIN_CONTENT,
+                            "parts": [{"$type": TEXT_PART, "text": text + "word " * 130}]},
+                "createdAt": "2026-01-01T00:00:00.000Z",
+            }
+            if role == "assistant":
+                value["status"] = "complete"
+            if parent is not None:
+                value["parent"] = parent
+            text_json = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            rows.append((DID, skey, MESSAGE, key, record_cid(value), text_json))
+            parent = key
+    with sqlite3.connect(store_file, timeout=30) as db:
+        db.executemany(
+            "INSERT INTO records (did, space, collection, key, cid, value) VALUES (?,?,?,?,?,?)",
+            rows,
+        )
+
+
+async def _turns_in(turnd: TurndProc, skey: str, turns: int) -> float:
+    """turnd's CPU a turn over ``turns`` turns in ``skey``, one after the other."""
+    from bench import client as c
+
+    async with c.api_client(turnd.base_url, turnd.token, 4) as http:
+        await c.turnd_turn(http, skey)  # warm
+        before = cpu_seconds(turnd.pid)
+        for _ in range(turns):
+            sample = await c.turnd_turn(http, skey)
+            if sample.status is None or '"complete"' not in sample.status:
+                raise RuntimeError(f"a turn did not complete: {sample.status}")
+        return (cpu_seconds(turnd.pid) - before) / turns
+
+
+def long_conversations(turns: int, rounds: int) -> dict[str, Any]:
+    """turnd's CPU a turn in conversations of each of :data:`LONG_LENGTHS` messages.
+
+    Each turn is a new first message (no parent), so its prompt stays one message long and
+    the figure follows what grows with the conversation: reading it back every turn. Each
+    round seeds new conversations of each length and makes ``turns`` turns in each (2
+    messages a turn: the 20-message one ends below turns.message_cache.CACHED_FROM).
+    """
+
+    async def run() -> dict[str, Any]:
+        from bench import client as c
+
+        with FakeModelProc(tokens=5, ttft_ms=0) as fake, TurndProc({"fake": fake.base_url}) as turnd:
+            got: dict[int, list[float]] = {n: [] for n in LONG_LENGTHS}
+            for _ in range(rounds):
+                # New conversations each round: each turn adds two messages.
+                async with c.api_client(turnd.base_url, turnd.token, 4) as http:
+                    skeys = {n: await c.new_conversation(http) for n in LONG_LENGTHS}
+                for n, skey in skeys.items():
+                    _seed_messages(turnd.store_file, skey, n // 2)
+                _caught_up(turnd)
+                for n, skey in skeys.items():
+                    got[n].append(await _turns_in(turnd, skey, turns))
+        # CPU time comes in clock ticks (10 ms): the rounds' sum over their turns, not a
+        # median of per-round figures a tick apart.
+        return {str(n): _ms(sum(v) / len(v)) for n, v in got.items()}
+
+    return {"turns_a_round": turns, "rounds": rounds, "cpu_ms_per_turn": anyio.run(run)}
 
 
 # -- 2. prompt sizes ------------------------------------------------------------------------
@@ -307,16 +386,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--long-turns", type=int, default=20,
+                        help="turns a round in each long conversation")
+    parser.add_argument("--long-rounds", type=int, default=8)
+    parser.add_argument("--only-long", action="store_true",
+                        help="only the CPU a turn by conversation length")
     parser.add_argument("--probe", nargs=2, metavar=("PNG", "PARTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
         print(json.dumps(anyio.run(_photo_probe, args.probe[0], int(args.probe[1]))))
         return 0
-    results = {
-        "first_page": first_page(args.conversations, args.runs),
-        "prompts": prompt_sizes(),
-        "photo": photo(),
-    }
+    if args.only_long:
+        results: dict[str, Any] = {"long": long_conversations(args.long_turns, args.long_rounds)}
+    else:
+        results = {
+            "first_page": first_page(args.conversations, args.runs),
+            "prompts": prompt_sizes(),
+            "photo": photo(),
+            "long": long_conversations(args.long_turns, args.long_rounds),
+        }
     if args.json:
         print(json.dumps(results))
     else:

@@ -176,6 +176,11 @@ class TurndProc:
         return (self.data_dir or self.tmp / "data") / "store.sqlite3"
 
     @property
+    def state_file(self) -> Path:
+        assert self.tmp is not None
+        return self.tmp / "state.sqlite3"  # the config's [state] path, beside it
+
+    @property
     def log_file(self) -> Path:
         assert self.tmp is not None
         return self.tmp / "turnd.log"

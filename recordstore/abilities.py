@@ -23,6 +23,7 @@ __all__ = [
     "RepoCollections",
     "RepoLister",
     "RepoPage",
+    "SpaceCids",
 ]
 
 
@@ -114,6 +115,38 @@ class RepoLister(Protocol):
 
     async def list_repo_records(self, did: str, page: RepoPage) -> tuple[list[Record], str | None]:
         """The page of ``did``'s repo ``page`` describes, and the next page's cursor."""
+        ...
+
+
+@runtime_checkable
+class SpaceCids(Protocol):
+    """What changed in a space since a point of the change feed, and the records of chosen
+    keys: a reader that keeps a space's records reads only what changed since it read them.
+
+    A cursor is the change feed's (``Change.cursor``): every write after it has a greater
+    one, whoever made it.
+    """
+
+    async def change_cursor(self) -> str:
+        """The cursor of the newest change so far."""
+        ...
+
+    async def keys_changed(
+        self, did: str, space: str, collection: str, after: str, limit: int
+    ) -> tuple[set[str], str] | None:
+        """The keys of ``collection`` in ``space`` written (created, updated or deleted)
+        after cursor ``after``, and the cursor that reaches; None when more than ``limit``
+        changes of the whole store came after it (read the space instead)."""
+        ...
+
+    async def space_cids(self, did: str, space: str, collection: str) -> list[tuple[str, str]]:
+        """``(key, cid)`` of every record of ``collection`` in ``space``, in key order."""
+        ...
+
+    async def space_records(
+        self, did: str, space: str, collection: str, keys: Sequence[str]
+    ) -> list[tuple[Record, int]]:
+        """The records at ``keys`` that exist, each with its stored JSON's length."""
         ...
 
 

@@ -33,8 +33,15 @@ from recordstore.keys import (
 )
 from recordstore.local_blobs import LocalBlobs
 from recordstore.local_db import COLLECTION_IS, DB_NAME, RECORD_COLS, LocalDb
-from recordstore.local_feed import changes
-from recordstore.local_listing import newest, record_of, repo_page, space_page
+from recordstore.local_feed import change_head, changes, keys_changed, parse_cursor
+from recordstore.local_listing import (
+    newest,
+    record_of,
+    repo_page,
+    space_cids,
+    space_page,
+    space_records,
+)
 from recordstore.times import now_iso
 from recordstore.write import MAX_BLOB_BYTES, MAX_RECORD_BYTES, PreparedWrite, prepare_write
 
@@ -102,6 +109,34 @@ class LocalStore(RecordStore):
         self, did: str, space: str, collection: str, cursor: str | None, limit: int, reverse: bool
     ) -> tuple[list[Record], str | None]:
         return await space_page(self._db, did, space, collection, cursor, limit, reverse)
+
+    async def change_cursor(self) -> str:
+        """recordstore.abilities.SpaceCids: the newest op's id."""
+        return str(await change_head(self._db))
+
+    async def keys_changed(
+        self, did: str, space: str, collection: str, after: str, limit: int
+    ) -> tuple[set[str], str] | None:
+        """recordstore.abilities.SpaceCids: keys written since op ``after``."""
+        validate_did(did)
+        validate_space_key(space)
+        validate_collection(collection)
+        return await keys_changed(self._db, did, space, collection, parse_cursor(after), limit)
+
+    async def space_cids(self, did: str, space: str, collection: str) -> list[tuple[str, str]]:
+        """recordstore.abilities.SpaceCids: keys and CIDs, in key order."""
+        validate_did(did)
+        validate_space_key(space)
+        validate_collection(collection)
+        return await space_cids(self._db, did, space, collection)
+
+    async def space_records(
+        self, did: str, space: str, collection: str, keys: Sequence[str]
+    ) -> list[tuple[Record, int]]:
+        """recordstore.abilities.SpaceCids: the records at ``keys``, with their JSON's length."""
+        for key in keys:
+            validate_address(did, space, collection, key)
+        return await space_records(self._db, did, space, collection, keys)
 
     async def list_repo_records(self, did: str, page: RepoPage) -> tuple[list[Record], str | None]:
         """recordstore.abilities.RepoLister: a page of the repo in classic-repo rkey order."""

@@ -19,7 +19,7 @@ from recordstore.local_db import OP_COLS, LocalDb
 from recordstore.local_written import Written
 from recordstore.stored_json import parse
 
-__all__ = ["changes"]
+__all__ = ["change_head", "changes", "keys_changed", "parse_cursor"]
 
 _FEED_BATCH = 256
 # Once caught up, the live tail is read on the loop's thread (recordstore.sqlite_quick) a
@@ -32,8 +32,8 @@ async def changes(
     db: LocalDb, cursor: str | None, poll_interval: float
 ) -> AsyncIterator[AsyncIterator[Change]]:
     """The op log of ``db`` from just after ``cursor`` (None: from the beginning)."""
-    after = _parse_cursor(cursor)
-    head = await _head(db)
+    after = parse_cursor(cursor)
+    head = await change_head(db)
     if after > head:
         raise StoreError(f"cursor {after} is ahead of the store's last op {head}")
     async with aclosing(_follow(db, after, head, poll_interval)) as feed:
@@ -68,9 +68,26 @@ async def _follow(
             db.bell.disarm(waiter)
 
 
-async def _head(db: LocalDb) -> int:
-    rows = await db.read("SELECT seq FROM sqlite_sequence WHERE name = 'ops'", ())
+async def change_head(db: LocalDb) -> int:
+    """The newest op's id (0: none yet)."""
+    rows = await db.read_short("SELECT seq FROM sqlite_sequence WHERE name = 'ops'", ())
     return rows[0][0] if rows else 0
+
+
+async def keys_changed(
+    db: LocalDb, did: str, space: str, collection: str, after: int, limit: int
+) -> tuple[set[str], str] | None:
+    """The keys of one space's ``collection`` in the ops after ``after``, and the last op's
+    cursor; None when more than ``limit`` ops follow it. Ops are read by id (the log has no
+    index by space): this costs the ops since, not the space's size."""
+    rows = await db.read_short(
+        "SELECT id, did, space, collection, key FROM ops WHERE id > ? ORDER BY id LIMIT ?",
+        (after, limit + 1),
+    )
+    if len(rows) > limit:
+        return None
+    keys = {row[4] for row in rows if row[1] == did and row[2] == space and row[3] == collection}
+    return keys, str(rows[-1][0] if rows else after)
 
 
 def _change(row: Any, written: Written, *, live: bool) -> Change:
@@ -92,7 +109,7 @@ def _change(row: Any, written: Written, *, live: bool) -> Change:
     return Change(did, space, collection, key, op, cid, record, error, str(op_id), live)
 
 
-def _parse_cursor(cursor: str | None) -> int:
+def parse_cursor(cursor: str | None) -> int:
     if cursor is None:
         return 0
     try:

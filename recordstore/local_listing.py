@@ -6,6 +6,7 @@ A page is read with one row more than asked, which tells whether there is a next
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from recordstore import Record
@@ -14,11 +15,13 @@ from recordstore.keys import repo_rkey
 from recordstore.local_db import COLLECTION_IS, NEWEST_INDEXES, RECORD_COLS, LocalDb
 from recordstore.stored_json import parse
 
-__all__ = ["newest", "record_of", "repo_page", "space_page"]
+__all__ = ["newest", "record_of", "repo_page", "space_cids", "space_page", "space_records"]
 
 # The classic-repo rkey of a row (recordstore.keys.repo_rkey), in SQL.
 _RKEY = "(space || ':' || key)"
 _FIELD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_CIDS_PAGE = 1000  # keys and CIDs a read: a long space is not read in one go on the loop
+_KEYS_A_READ = 500  # keys bound in one ``IN (...)`` (SQLite allows 32,766 variables)
 
 
 def record_of(row: Any) -> Record:
@@ -42,6 +45,40 @@ async def space_page(
         db, where, [did, space, collection], "key", cursor, limit, reverse, quick=True
     )
     return records, (records[-1].key if more else None)
+
+
+async def space_cids(db: LocalDb, did: str, space: str, collection: str) -> list[tuple[str, str]]:
+    """recordstore.abilities.SpaceCids: one space's keys and CIDs, along the primary key."""
+    out: list[tuple[str, str]] = []
+    sql = (
+        f"SELECT key, cid FROM records WHERE did = ? AND space = ? AND {COLLECTION_IS}"
+        f" AND key > ? ORDER BY key LIMIT {_CIDS_PAGE}"
+    )
+    after = ""
+    while True:
+        rows = await db.read_short(sql, (did, space, collection, after))
+        out.extend((key, cid) for key, cid in rows)
+        if len(rows) < _CIDS_PAGE:
+            return out
+        after = rows[-1][0]
+
+
+async def space_records(
+    db: LocalDb, did: str, space: str, collection: str, keys: Sequence[str]
+) -> list[tuple[Record, int]]:
+    """recordstore.abilities.SpaceCids: the records at ``keys`` (sorted: then in key order),
+    each with its text's length."""
+    out: list[tuple[Record, int]] = []
+    for at in range(0, len(keys), _KEYS_A_READ):
+        chunk = list(keys[at : at + _KEYS_A_READ])
+        marks = ", ".join("?" * len(chunk))
+        sql = (
+            f"SELECT {RECORD_COLS} FROM records WHERE did = ? AND space = ? AND {COLLECTION_IS}"
+            f" AND key IN ({marks})"
+        )
+        rows = await db.read_short(sql + " ORDER BY key", [did, space, collection, *chunk])
+        out.extend((record_of(row), len(row[5])) for row in rows)
+    return out
 
 
 async def repo_page(db: LocalDb, did: str, page: RepoPage) -> tuple[list[Record], str | None]:

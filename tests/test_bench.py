@@ -115,3 +115,16 @@ def test_bench_idle_gaps_reports_each_gap() -> None:
     lines = out.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["gap     0 ms", "gap     5 ms"]
     assert all(float(line.rsplit("p50", 1)[1].split()[0]) > 0 for line in lines)
+
+
+def test_bench_long_conversations_reports_each_length() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.conversations", "--only-long", "--json",
+         "--long-turns", "2", "--long-rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    long = json.loads(out.stdout.strip().splitlines()[-1])["long"]
+    assert sorted(long["cpu_ms_per_turn"], key=int) == ["20", "200", "500"]
+    # Two turns are a tick or two of CPU time: a figure, not a measurement.
+    assert all(isinstance(ms, float) and ms >= 0 for ms in long["cpu_ms_per_turn"].values())

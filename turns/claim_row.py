@@ -18,20 +18,25 @@ from recordstore import Record, RecordStore
 from turns import conversations
 from turns.address import TurnAddress
 from turns.conversations import Conversation
+from turns.message_cache import MessageCache
 from turns.state import StateDB
 
 __all__ = ["load_with_claim_row"]
 
 
 async def load_with_claim_row(
-    store: RecordStore, state: StateDB, a: TurnAddress, info: Record | None = None
+    store: RecordStore,
+    state: StateDB,
+    a: TurnAddress,
+    info: Record | None = None,
+    cache: MessageCache | None = None,
 ) -> Conversation:
     """The conversation of ``a``, with its claim row written meanwhile; the load's
     error first if both fail (the row is then dropped, as a stray one would be)."""
     if state.add_claim_at_once(a.did, a.skey, a.reply):
         # Written on the loop's thread, no hop to overlap: no task group to run it in.
         try:
-            return await conversations.load(store, a.did, a.skey, info)
+            return await conversations.load(store, a.did, a.skey, info, cache)
         except Exception:
             with contextlib.suppress(Exception):  # a stray row is harmless (see above)
                 await state.drop_claim(a.did, a.skey, a.reply)
@@ -48,7 +53,7 @@ async def load_with_claim_row(
     async with anyio.create_task_group() as tg:
         tg.start_soon(claim_row)
         try:
-            conversation = await conversations.load(store, a.did, a.skey, info)
+            conversation = await conversations.load(store, a.did, a.skey, info, cache)
         except Exception as exc:  # noqa: BLE001 - raised below, after the row's write
             failed.insert(0, exc)
     if conversation is None or failed:

@@ -23,6 +23,7 @@ from recordstore.keys import message_sort_key, new_tid, parse_reply_key
 from recordstore.lexicon import validate_record
 from turns import account_space, records, triggers
 from turns.conversation_refs import ConversationRefs
+from turns.message_cache import MessageCache, all_records
 
 log = logging.getLogger("turnd.turns")
 
@@ -36,19 +37,9 @@ class Conversation:
     messages: dict[str, dict[str, Any]]
 
 
-async def _all(store: RecordStore, did: str, space: str, collection: str) -> list[Record]:
-    out: list[Record] = []
-    cursor: str | None = None
-    while True:
-        page, cursor = await store.list_records(did, space, collection, cursor=cursor, limit=100)
-        out.extend(page)
-        if cursor is None or not page:
-            return out
-
-
 async def messages(store: RecordStore, did: str, skey: str) -> list[Record]:
     """A conversation's messages in reading order: each user message, then its replies."""
-    found = await _all(store, did, skey, MESSAGE)
+    found = await all_records(store, did, skey, MESSAGE)
     found.sort(key=lambda r: message_sort_key(r.key))
     return found
 
@@ -59,13 +50,21 @@ async def info(store: RecordStore, did: str, skey: str) -> Record | None:
 
 
 async def load(
-    store: RecordStore, did: str, skey: str, known_info: Record | None = None
+    store: RecordStore,
+    did: str,
+    skey: str,
+    known_info: Record | None = None,
+    cache: MessageCache | None = None,
 ) -> Conversation:
     """The conversation's info, its messages and the account's preferences; ``known_info``:
-    its info as read a moment ago (a POST's), not read again."""
+    its info as read a moment ago (a POST's), not read again; ``cache``: the messages
+    through it (turns.message_cache), shared values to be read, not changed."""
     found = known_info or await info(store, did, skey)
     preferences = await account_space.get_preferences(store, did)
-    by_key = {r.key: r.value for r in await _all(store, did, skey, MESSAGE)}
+    if cache is not None:
+        by_key = await cache.messages(did, skey)
+    else:
+        by_key = {r.key: r.value for r in await all_records(store, did, skey, MESSAGE)}
     return Conversation(
         found.value if found else None, preferences.value if preferences else None, by_key
     )

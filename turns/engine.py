@@ -38,6 +38,7 @@ from turns.accounting import Accounting, Books
 from turns.approval import APPROVAL, Approvals
 from turns.conversation_refs import ConversationRefs
 from turns.final_writes import FinalWrites
+from turns.message_cache import MessageCache
 from turns.metrics import TurnMetrics
 from turns.models import Clients
 from turns.ratelimit import Limiter, RateLimiter
@@ -120,6 +121,7 @@ class TurnEngine:
             store, state, settings, self._running, self.metrics, maintenance_interval
         )
         self.refs = ConversationRefs(store)
+        self.messages = MessageCache(store)
         self.titles = Titles(
             store, self._clients, self.refs.touch,
             record_usage=self.books.record_side_call,
@@ -150,6 +152,7 @@ class TurnEngine:
                 running=self._running,
                 titles=self.titles,
                 refs=self.refs,
+                messages=self.messages,
                 final_writes=self._final_writes,
                 cache_dir=self._cache_dir,
                 tools=self._tools,

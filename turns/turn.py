@@ -11,6 +11,7 @@ to the reply's buffer, and finish: ``message:afterModel``, put the final record,
 
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
 import time
@@ -41,6 +42,7 @@ from turns.conversation_refs import ConversationRefs
 from turns.conversations import Conversation
 from turns.final_writes import FinalWrites
 from turns.generate import run_steps, scrub
+from turns.message_cache import MessageCache
 from turns.metrics import TurnMetrics, observe_turn
 from turns.models import (
     Clients,
@@ -94,6 +96,7 @@ class TurnServices:
     tools: ToolCatalog | None = None  # None: the plugins' tools only
     approvals: Approvals = field(default_factory=Approvals)
     tool_calls: Observe | None = None  # (source, outcome) -> the turnd_tool_calls metric
+    messages: MessageCache | None = None  # long conversations' parsed messages, kept
 
 
 class Turn:
@@ -151,7 +154,7 @@ class Turn:
         # 1. Load, once per turn (and step 4's claim row meanwhile).
         # The POST's info is a moment old, unless the turn waited in the queue since.
         known_info = None if was_queued else self._start.info
-        self.conversation = await load_with_claim_row(s.store, state, a, known_info)
+        self.conversation = await load_with_claim_row(s.store, state, a, known_info, s.messages)
         user_message = self.conversation.messages.get(a.user_key)
         if user_message is None:
             await state.drop_claim(a.did, a.skey, a.reply)
@@ -280,7 +283,11 @@ class Turn:
             conversation=a.conversation_uri,
             info=self.conversation.info,
             preferences=self.conversation.preferences,
-            user_message=self.user_message,
+            # A copy for the plugins: the loaded values may be shared with later turns
+            # (turns.message_cache), and a hook may change what it is given.
+            user_message=(
+                copy.deepcopy(self.user_message) if s.plugins.plugins else self.user_message
+            ),
             reply=self.placeholder,
             model=self.model,
             provider=self.model["provider"],
