@@ -126,7 +126,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "not-interrupted-on-restart",
         "on start-up, our pending replies become error/interrupted",
-        "turns/engine.py",
+        "turns/upkeep.py",
         'if record is not None and record.value.get("status") == "pending" and self._mine(record.value):',
         "if False:",
         (_t("test_on_startup_pending_replies_this_server_claimed_are_marked_interrupted_others_left_alone"),),
@@ -134,7 +134,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "others-not-left-alone",
         "on start-up, another daemon's pending placeholder is left alone",
-        "turns/engine.py",
+        "turns/upkeep.py",
         'return not isinstance(claim, str) or claim.startswith(self._state.instance_id + ":")',
         "return True",
         (_t("test_on_startup_pending_replies_this_server_claimed_are_marked_interrupted_others_left_alone"),),
@@ -201,8 +201,8 @@ MUTATIONS: list[Mutation] = [
         "prompt-date-in-utc",
         "{{date}} and {{time}} are in the user's zone",
         "turns/prompt.py",
-        "local = (now or datetime.now(UTC)).astimezone(zone)",
-        "local = now or datetime.now(UTC)",
+        "local = datetime.fromtimestamp(minute * 60, zone)",
+        "local = datetime.fromtimestamp(minute * 60, UTC)",
         ("tests/test_prompt.py",
          _t("test_instructions_start_with_the_base_prompt_with_the_date_in_the_users_zone_falling_back_to_utc")),
     ),
@@ -238,16 +238,24 @@ MUTATIONS: list[Mutation] = [
         "turns/turn.py",
         # After the final record, as a "last turn" cache would: only a look at the state
         # file once the turn has finished sees it.
-        "record = await self._write_final(record)",
-        "record = await self._write_final(record)\n"
+        "record = await self._reply.final(record)",
+        "record = await self._reply.final(record)\n"
         "{indent}await s.state.set_cursor('last-turn', str(self.user_message) + str(self.conversation.info))",
         (_t("test_a_turn_reads_the_conversation_from_the_record_store_and_stores_no_content_server_side"),),
+    ),
+    Mutation(
+        "kept-messages-not-refreshed",
+        "a long conversation's kept messages are read again where anyone wrote since",
+        "turns/message_cache.py",
+        "keys, kept.cursor = changed",
+        "keys, kept.cursor = set(), changed[1]",
+        ("tests/test_message_cache.py",),
     ),
     Mutation(
         "rate-limit-ignored",
         "past the rate limit a turn waits, unclaimed",
         "turns/ratelimit.py",
-        "if len(starts) < per_minute and not self._lock_held(user):",
+        "if len(starts) < per_minute and not self._line.held(user):",
         "if True:",
         ("tests/test_ratelimit.py",
          _t("test_past_the_rate_limit_the_turn_waits_unclaimed_and_starts_once_the_limit_allows")),
