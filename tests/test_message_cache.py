@@ -162,8 +162,18 @@ async def test_what_is_kept_stays_within_its_bounds(tmp_path: Path) -> None:
             await two.messages(DID, space)
         kept = two.chars
         assert kept > 0
-        await two.messages(DID, spaces[0])  # dropped: marked long again, nothing kept
-        assert two.chars < kept
+        store.asked.clear()
+        await two.messages(DID, spaces[2])  # kept: nothing read
+        assert store.asked == []
+        # The first was dropped for the third; still known long, it is read whole and kept
+        # again at once (the second goes), without a listing first.
+        assert await two.messages(DID, spaces[0]) == {
+            r.key: r.value for r in await all_records(store, DID, spaces[0], MESSAGE)
+        }
+        assert len(store.asked) == 5 and two.chars == kept
+        store.asked.clear()
+        await two.messages(DID, spaces[0])
+        assert store.asked == []
 
 
 async def test_random_writes_never_leave_the_cache_apart_from_the_store(tmp_path: Path) -> None:

@@ -2,24 +2,27 @@
 
 Every turn reads its whole conversation (SPEC §5's load): listing and parsing every
 message cost ~0.7 ms at 200 messages and ~1.9 ms at 500 here, more than all the rest of a
-short turn, and a turn's CPU grew with its conversation. For a conversation of
-:data:`CACHED_FROM` messages or more, this process keeps the messages it parsed, with the
-change feed's cursor they are true as of (:class:`~recordstore.abilities.SpaceCids`).
-The next turn asks the store which of the conversation's keys were written since that
-cursor, by anyone (another instance, a direct XRPC write: every write is in the change
-feed), and reads only those again: the cost follows what changed, not the
-conversation's length. When more than :data:`CHANGES_READ` changes of the whole store
-came since, the conversation's keys and CIDs are listed instead and only the records
-whose CID changed are read (a CID names one content).
+short turn, and a turn's CPU grew with its conversation. Once a conversation has been
+seen with :data:`CACHED_FROM` messages or more, its next read keeps the parsed messages
+with the change feed's cursor they are true as of (:class:`~recordstore.abilities.SpaceCids`;
+the first read does not, as a listing does not give the sizes the budget counts). Each
+later turn asks the store which of the conversation's keys were written since that cursor,
+by anyone (another instance, a direct XRPC write: the local store's triggers log every
+insert, update and delete, and the same CID is the same content), and reads only those
+again: the cost follows what was written since, not the conversation's length. When more
+than :data:`CHANGES_READ` writes to the whole store came since, the conversation's keys
+and CIDs are listed instead and only the records whose CID changed are read.
 
 Below :data:`CACHED_FROM` a conversation is read whole, as before (~0.2 ms at 64
 messages), and nothing of it is kept. What is kept is bounded by :data:`KEPT_CHARS`
-characters of stored JSON and :data:`KEPT_CONVERSATIONS` conversations, the least
-recently read going first; a conversation larger than the whole budget is read whole.
+characters of stored JSON (4-5.5 times that in memory: 8-11 MB at most) and
+:data:`KEPT_CONVERSATIONS` conversations, the least recently read going first (and read
+whole, and kept, at their next turn); a conversation larger than the whole budget is read
+whole every turn.
 
 The values are shared between the turns that read them and must not be changed in
-place: a turn builds its prompt and records from new objects, and gives plugins a copy
-of the user message (turns.turn).
+place: a turn builds its prompt and records from new objects, and gives plugins (when
+any are loaded) a copy of the user message (turns.turn).
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ from recordstore.abilities import SpaceCids
 __all__ = ["CACHED_FROM", "KEPT_CHARS", "KEPT_CONVERSATIONS", "MessageCache", "all_records"]
 
 CACHED_FROM = 64  # messages
-CHANGES_READ = 2000  # ops of the whole store read to bring one conversation up to date
+CHANGES_READ = 256  # writes to the whole store read through to bring one up to date
 KEPT_CHARS = 2_000_000  # stored JSON, every kept conversation together (~3x that in RSS)
 KEPT_CONVERSATIONS = 64
-_TOO_BIG_REMEMBERED = 1024
+_SEEN_REMEMBERED = 1024  # conversations seen long with nothing kept
 
 
 @dataclass(slots=True)
@@ -78,9 +81,10 @@ class MessageCache:
         self._kept_conversations = kept_conversations
         self._kept: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
         self._chars = 0
-        # Conversations found larger than the whole budget: read whole each time, without
-        # a second read every other turn to find that again.
-        self._too_big: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Conversations seen long with nothing kept: True, read whole and kept next time
+        # (a listing does not give the sizes the budget counts); False, larger than the
+        # whole budget, read whole each time.
+        self._seen: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
     @property
     def chars(self) -> int:
@@ -92,30 +96,31 @@ class MessageCache:
         store = self._cids
         if store is None:
             return {r.key: r.value for r in await all_records(self._store, did, skey, MESSAGE)}
-        kept = self._take(did, skey)
-        if kept is not None and kept.cursor:
+        at = (did, skey)
+        kept = self._take(at)
+        if kept is not None:
             changed = await store.keys_changed(did, skey, MESSAGE, kept.cursor, CHANGES_READ)
             if changed is not None:
                 keys, kept.cursor = changed
                 if keys:
                     await self._reread(store, did, skey, kept, keys)
-                self._keep(did, skey, kept)
+                self._keep(at, kept)
                 return {key: value for key, (_, value, _) in kept.by_key.items()}
-        if kept is None:
+            # Too much written since to go through: the listing below, what is kept reused.
+        elif self._seen.get(at) is not True:
             records = await all_records(self._store, did, skey, MESSAGE)
-            if len(records) >= self._cached_from and (did, skey) not in self._too_big:
-                # Known to be long now: the next read keeps what it parses (with the
-                # sizes this listing does not give).
-                self._keep(did, skey, _Kept(cursor=""))
+            if len(records) >= self._cached_from and at not in self._seen:
+                self._remember(at, True)
             return {r.key: r.value for r in records}
-        # Long, and nothing kept of it that can be brought up to date: read it whole, as
-        # keys and CIDs first (what is kept under the same CID is not read again).
+        # Read it whole, as keys and CIDs first: what is kept under the same CID (a CID
+        # names one content) is not read again.
         cursor = await store.change_cursor()  # before the listing: true as of it, at least
         listed = await store.space_cids(did, skey, MESSAGE)
         fresh = _Kept(cursor=cursor)
         missing: list[str] = []
+        known_by_key = kept.by_key if kept is not None else {}
         for key, cid in listed:
-            known = kept.by_key.get(key)
+            known = known_by_key.get(key)
             if known is not None and known[0] == cid:
                 fresh.by_key[key] = known
                 fresh.chars += known[2]
@@ -123,7 +128,7 @@ class MessageCache:
                 missing.append(key)
         if missing:
             await self._reread(store, did, skey, fresh, missing)
-        self._keep(did, skey, fresh)
+        self._keep(at, fresh)
         return {key: value for key, (_, value, _) in fresh.by_key.items()}
 
     async def _reread(
@@ -143,21 +148,27 @@ class MessageCache:
         if read and last is not None and read[0][0].key < last:
             kept.by_key = dict(sorted(by_key.items()))  # ...unless one goes before the rest
 
-    def _take(self, did: str, skey: str) -> _Kept | None:
-        kept = self._kept.pop((did, skey), None)
+    def _take(self, at: tuple[str, str]) -> _Kept | None:
+        kept = self._kept.pop(at, None)
         if kept is not None:
             self._chars -= kept.chars
         return kept
 
-    def _keep(self, did: str, skey: str, kept: _Kept) -> None:
-        self._take(did, skey)  # a turn of the same conversation may have kept one meanwhile
+    def _keep(self, at: tuple[str, str], kept: _Kept) -> None:
+        self._take(at)  # a turn of the same conversation may have kept one meanwhile
         if kept.chars > self._kept_chars:
-            self._too_big[(did, skey)] = None
-            if len(self._too_big) > _TOO_BIG_REMEMBERED:
-                self._too_big.popitem(last=False)
+            self._remember(at, False)
             return
-        self._kept[(did, skey)] = kept
+        self._seen.pop(at, None)
+        self._kept[at] = kept
         self._chars += kept.chars
         while self._chars > self._kept_chars or len(self._kept) > self._kept_conversations:
-            _, dropped = self._kept.popitem(last=False)
+            dropped_at, dropped = self._kept.popitem(last=False)
             self._chars -= dropped.chars
+            self._remember(dropped_at, True)  # long still: read whole and kept next time
+
+    def _remember(self, at: tuple[str, str], long: bool) -> None:
+        self._seen[at] = long
+        self._seen.move_to_end(at)
+        if len(self._seen) > _SEEN_REMEMBERED:
+            self._seen.popitem(last=False)
