@@ -23,7 +23,7 @@ __all__ = [
     "RepoCollections",
     "RepoLister",
     "RepoPage",
-    "SpaceCids",
+    "SpaceChanges",
 ]
 
 
@@ -119,7 +119,7 @@ class RepoLister(Protocol):
 
 
 @runtime_checkable
-class SpaceCids(Protocol):
+class SpaceChanges(Protocol):
     """What changed in a space since a point of the change feed, and the records of chosen
     keys: a reader that keeps a space's records reads only what changed since it read them.
 

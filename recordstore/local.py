@@ -111,20 +111,20 @@ class LocalStore(RecordStore):
         return await space_page(self._db, did, space, collection, cursor, limit, reverse)
 
     async def change_cursor(self) -> str:
-        """recordstore.abilities.SpaceCids: the newest op's id."""
+        """recordstore.abilities.SpaceChanges: the newest op's id."""
         return str(await change_head(self._db))
 
     async def keys_changed(
         self, did: str, space: str, collection: str, after: str, limit: int
     ) -> tuple[set[str], str] | None:
-        """recordstore.abilities.SpaceCids: keys written since op ``after``."""
+        """recordstore.abilities.SpaceChanges: keys written since op ``after``."""
         validate_did(did)
         validate_space_key(space)
         validate_collection(collection)
         return await keys_changed(self._db, did, space, collection, parse_cursor(after), limit)
 
     async def space_cids(self, did: str, space: str, collection: str) -> list[tuple[str, str]]:
-        """recordstore.abilities.SpaceCids: keys and CIDs, in key order."""
+        """recordstore.abilities.SpaceChanges: keys and CIDs, in key order."""
         validate_did(did)
         validate_space_key(space)
         validate_collection(collection)
@@ -133,7 +133,7 @@ class LocalStore(RecordStore):
     async def space_records(
         self, did: str, space: str, collection: str, keys: Sequence[str]
     ) -> list[tuple[Record, int]]:
-        """recordstore.abilities.SpaceCids: the records at ``keys``, with their JSON's length."""
+        """recordstore.abilities.SpaceChanges: the records at ``keys``, with their JSON's length."""
         for key in keys:
             validate_address(did, space, collection, key)
         return await space_records(self._db, did, space, collection, keys)

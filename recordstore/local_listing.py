@@ -48,7 +48,7 @@ async def space_page(
 
 
 async def space_cids(db: LocalDb, did: str, space: str, collection: str) -> list[tuple[str, str]]:
-    """recordstore.abilities.SpaceCids: one space's keys and CIDs, along the primary key."""
+    """recordstore.abilities.SpaceChanges: one space's keys and CIDs, along the primary key."""
     out: list[tuple[str, str]] = []
     sql = (
         f"SELECT key, cid FROM records WHERE did = ? AND space = ? AND {COLLECTION_IS}"
@@ -66,7 +66,7 @@ async def space_cids(db: LocalDb, did: str, space: str, collection: str) -> list
 async def space_records(
     db: LocalDb, did: str, space: str, collection: str, keys: Sequence[str]
 ) -> list[tuple[Record, int]]:
-    """recordstore.abilities.SpaceCids: the records at ``keys`` (sorted: then in key order),
+    """recordstore.abilities.SpaceChanges: the records at ``keys`` (sorted: then in key order),
     each with its text's length."""
     out: list[tuple[Record, int]] = []
     for at in range(0, len(keys), _KEYS_A_READ):

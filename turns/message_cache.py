@@ -4,7 +4,7 @@ Every turn reads its whole conversation (SPEC §5's load): listing and parsing e
 message cost ~0.7 ms at 200 messages and ~1.9 ms at 500 here, more than all the rest of a
 short turn, and a turn's CPU grew with its conversation. Once a conversation has been
 seen with :data:`CACHED_FROM` messages or more, its next read keeps the parsed messages
-with the change feed's cursor they are true as of (:class:`~recordstore.abilities.SpaceCids`;
+with the change feed's cursor they are true as of (:class:`~recordstore.abilities.SpaceChanges`;
 the first read does not, as a listing does not give the sizes the budget counts). Each
 later turn asks the store which of the conversation's keys were written since that cursor,
 by anyone (another instance, a direct XRPC write: the local store's triggers log every
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recordstore import MESSAGE, Record, RecordStore
-from recordstore.abilities import SpaceCids
+from recordstore.abilities import SpaceChanges
 
 __all__ = ["CACHED_FROM", "KEPT_CHARS", "KEPT_CONVERSATIONS", "MessageCache", "all_records"]
 
@@ -75,7 +75,7 @@ class MessageCache:
     ) -> None:
         self._store = store
         # Checked once: a Protocol's isinstance looks up each of its methods.
-        self._cids = store if isinstance(store, SpaceCids) else None
+        self._changes = store if isinstance(store, SpaceChanges) else None
         self._cached_from = cached_from
         self._kept_chars = kept_chars
         self._kept_conversations = kept_conversations
@@ -93,7 +93,7 @@ class MessageCache:
 
     async def messages(self, did: str, skey: str) -> dict[str, dict[str, Any]]:
         """Every message of conversation ``skey``, by key, in key order."""
-        store = self._cids
+        store = self._changes
         if store is None:
             return {r.key: r.value for r in await all_records(self._store, did, skey, MESSAGE)}
         at = (did, skey)
@@ -132,7 +132,7 @@ class MessageCache:
         return {key: value for key, (_, value, _) in fresh.by_key.items()}
 
     async def _reread(
-        self, store: SpaceCids, did: str, skey: str, kept: _Kept, keys: Collection[str]
+        self, store: SpaceChanges, did: str, skey: str, kept: _Kept, keys: Collection[str]
     ) -> None:
         """Read ``keys`` again into ``kept``: a key no longer there is dropped."""
         read = await store.space_records(did, skey, MESSAGE, sorted(keys))
