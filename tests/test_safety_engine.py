@@ -280,12 +280,12 @@ async def test_abandoned_claims_are_swept_once_and_young_ones_left_alone(tmp_pat
         )
         try:
             async with other:
-                await kit.engine.scan_pending(DID)
-                await other.scan_pending(DID)
+                await kit.engine.upkeep.scan_pending(DID)
+                await other.upkeep.scan_pending(DID)
                 counts: list[int] = []
 
                 async def sweep(engine: TurnEngine) -> None:
-                    counts.append(await engine.sweep_abandoned())
+                    counts.append(await engine.upkeep.sweep_abandoned())
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(sweep, kit.engine)
@@ -333,7 +333,7 @@ async def test_a_deleted_state_file_is_recreated_with_the_running_claims(tmp_pat
         posted = await kit.post(skey, "hi")
         for path in tmp_path.glob("state.sqlite3*"):
             path.unlink()
-        await kit.engine.check_state_file()
+        await kit.engine.upkeep.check_state_file()
         assert state_path.exists() and (state_path.stat().st_mode & 0o777) == 0o600
         with sqlite3.connect(state_path) as db:
             claims = db.execute("SELECT reply_key FROM turn_claim").fetchall()

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,7 +116,7 @@ class TurnEngine:
         self._services: TurnServices | None = None
         self._cache_dir = cache_dir
         self._final_writes = final_writes or FinalWrites()
-        self._upkeep = Upkeep(
+        self.upkeep = Upkeep(  # abandoned claims, the state file (turns.upkeep)
             store, state, settings, self._running, self.metrics, maintenance_interval
         )
         self.refs = ConversationRefs(store)
@@ -165,14 +164,14 @@ class TurnEngine:
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self.titles.attach(self._tg)
             self._final_writes.attach(self._tg)
-            self._tg.start_soon(self._upkeep.run)
+            self._tg.start_soon(self.upkeep.run)
             self._tg.start_soon(self._streams.heartbeat)  # the subscribers' keepalives
             self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._stack is not None
-        self._upkeep.stop()
+        self.upkeep.stop()
         self._streams.stop_heartbeat()
         await self._stack.__aexit__(*exc)  # the task group waits for running turns
 
@@ -213,8 +212,8 @@ class TurnEngine:
         ``accounts`` (DIDs) are scanned once, in the background, for others'
         pending replies, so abandoned ones from before this start are found too.
         """
-        self._upkeep.accounts = list(accounts)
-        await self._upkeep.interrupt_claims()
+        self.upkeep.accounts = list(accounts)
+        await self.upkeep.interrupt_claims()
         window = self._settings().backfill_minutes * 60
         for request in await self._state.requests():
             await self._state.drop_request(
@@ -333,7 +332,7 @@ class TurnEngine:
 
     async def on_change(self, change: Change, owners: Mapping[str, Any]) -> None:
         """Apply the direct-write rules to one change of the store."""
-        self._upkeep.pending.observe(change)
+        self.upkeep.pending.observe(change)
         if change.collection == APPROVAL:
             self.approvals.on_change(change, owners)  # a decision on a waiting tool call
             return
@@ -439,15 +438,3 @@ class TurnEngine:
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
-
-
-    # -- upkeep: abandoned claims, the state file (turns.upkeep) -----------------------
-
-    async def scan_pending(self, did: str) -> None:
-        await self._upkeep.scan_pending(did)
-
-    async def sweep_abandoned(self, now: datetime | None = None) -> int:
-        return await self._upkeep.sweep_abandoned(now)
-
-    async def check_state_file(self) -> None:
-        await self._upkeep.check_state_file()
