@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 import httpx
 
+from bench import client as c
 from bench.procs import DID, FakeModelProc, TurndProc, cpu_seconds
 from recordstore import CONVERSATION, CONVERSATION_REF, MESSAGE, SETTINGS_SPACE
 from recordstore.cid import record_cid
@@ -176,8 +177,6 @@ def _seed_messages(store_file: Path, skey: str, pairs: int) -> None:
 
 async def _turns_in(turnd: TurndProc, skey: str, turns: int) -> float:
     """turnd's CPU a turn over ``turns`` turns in ``skey``, one after the other."""
-    from bench import client as c
-
     async with c.api_client(turnd.base_url, turnd.token, 4) as http:
         await c.turnd_turn(http, skey)  # warm
         before = cpu_seconds(turnd.pid)
@@ -198,8 +197,6 @@ def long_conversations(turns: int, rounds: int) -> dict[str, Any]:
     """
 
     async def run() -> dict[str, Any]:
-        from bench import client as c
-
         with FakeModelProc(tokens=5, ttft_ms=0) as fake, TurndProc({"fake": fake.base_url}) as turnd:
             got: dict[int, list[float]] = {n: [] for n in LONG_LENGTHS}
             for _ in range(rounds):

@@ -56,10 +56,11 @@ class RedisLink:
             socket_keepalive=True,
             retry=Retry(NoBackoff(), 0),
         )
-        self.redis: aioredis.Redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(
+        commands = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=COMMAND_CONNECTIONS, timeout=COMMAND_TIMEOUT,
             socket_timeout=COMMAND_TIMEOUT, **common,
-        ))
+        )
+        self.redis: aioredis.Redis = aioredis.Redis.from_pool(commands)
         # XREAD BLOCK waits longer than any command timeout: its own client and pool.
         self.blocking: aioredis.Redis = aioredis.Redis.from_url(
             url, max_connections=READER_CONNECTIONS, socket_timeout=None, **common
