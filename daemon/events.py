@@ -16,7 +16,6 @@ follows are dropped least-recently-used first (at most ``MAX_CONVERSATIONS``).
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Collection
@@ -24,6 +23,7 @@ from collections.abc import AsyncIterator, Collection
 import anyio
 
 from recordstore import CONVERSATION_REF, INFO, SETTINGS_SPACE, Change
+from recordstore.stored_json import compact
 from turns.streams import frame, frame_id
 
 KEEP = 1000  # events per log
@@ -122,7 +122,7 @@ class EventHub:
 
     def _event(self, log: EventLog, name: str, data: dict[str, object]) -> None:
         self._ids += 1
-        log.append(self._ids, name, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+        log.append(self._ids, name, compact(data))
 
     def publish(self, change: Change, accounts: Collection[str]) -> None:
         """One change of the store, for the accounts this daemon serves."""

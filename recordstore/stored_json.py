@@ -1,4 +1,4 @@
-"""Reading a stored record's JSON text back into a value.
+"""A record's JSON text: written compactly, read back into a value.
 
 A turn reads its whole conversation back (SPEC §5's load), so parsing stored records
 was ~9 % of turnd's CPU on short turns. ``jiter`` (already here as the ``openai``
@@ -19,7 +19,24 @@ from typing import Any
 
 import jiter
 
-__all__ = ["parse"]
+__all__ = ["compact", "parse", "record_text"]
+
+# ``json.dumps`` with any option builds a JSONEncoder on every call: for a small dict
+# 3.1 µs against 2.3 with one built once, for a token's text 0.77 µs against 0.10
+# (``encode`` takes a string straight to the C escaper). These are built once.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_RECORD = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def compact(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``."""
+    return _COMPACT.encode(value)
+
+
+def record_text(value: Any) -> str:
+    """:func:`compact` for a record: NaN and infinities are refused (ValueError), as
+    the AT Protocol data model has no floats."""
+    return _RECORD.encode(value)
 
 
 def parse(text: str) -> Any:

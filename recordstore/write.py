@@ -8,7 +8,6 @@ the same record gets the same answer (and the same CID) in either.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from recordstore import InvalidRecord
 from recordstore.cid import record_cid
 from recordstore.keys import validate_collection
 from recordstore.lexicon import validate_record
+from recordstore.stored_json import record_text
 
 __all__ = [
     "MAX_BLOB_BYTES",
@@ -92,9 +92,7 @@ async def prepare_write(
     refs = blob_refs(value)
     try:
         cid = record_cid(value)
-        body = json.dumps(
-            value, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-        ).encode()
+        body = record_text(value).encode()
     except (ValueError, TypeError) as e:
         raise InvalidRecord(f"not atproto data: {e}") from None
     if len(body) > MAX_RECORD_BYTES:

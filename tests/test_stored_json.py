@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recordstore.stored_json import parse
+from recordstore.stored_json import compact, parse, record_text
 
 # The AT Protocol data model: no floats; integers of any size, text, bytes as objects.
 _VALUES = st.recursive(
@@ -44,3 +44,19 @@ def test_only_keys_are_kept_in_jiter_s_cache() -> None:
     for n in range(50):
         parse(json.dumps({"text": f"a text seen once, number {n}", "createdAt": f"t{n}"}))
     assert jiter.cache_usage() == 2  # "text" and "createdAt"
+
+
+@given(_VALUES | st.text())
+def test_compact_and_record_text_write_what_json_dumps_writes(value: object) -> None:
+    expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    assert compact(value) == expected
+    assert record_text(value) == expected
+    assert parse(record_text(value)) == value
+
+
+def test_record_text_refuses_what_atproto_data_cannot_hold() -> None:
+    assert compact({"x": float("nan")}) == '{"x":NaN}'  # the SSE payloads' encoder is lenient
+    with pytest.raises(ValueError):
+        record_text({"x": float("nan")})
+    with pytest.raises(ValueError):
+        record_text([float("inf")])

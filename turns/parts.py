@@ -7,10 +7,10 @@ tool calls, tool results and sources are published whole when finished.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+from recordstore.stored_json import compact
 from recordstore.vocabulary import REASONING_PART as REASONING
 from recordstore.vocabulary import SOURCE_PART as SOURCE
 from recordstore.vocabulary import TEXT_PART as TEXT
@@ -32,7 +32,7 @@ _EVENT_TYPE = {
 
 
 def encode_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return compact(value)
 
 
 def tool_output(value: Any) -> str:

@@ -15,7 +15,6 @@ KB packed, against ~3.4 KB as event objects).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import zlib
@@ -25,6 +24,8 @@ from typing import Any, Protocol
 
 import anyio
 from fastapi.sse import format_sse_event
+
+from recordstore.stored_json import compact
 
 KEEP_SECONDS = 60.0
 BEAT_SECONDS = 1.0  # a registry's heartbeat: a keepalive goes up to this much before `idle`
@@ -97,11 +98,11 @@ class StreamBuffer:
         return self._count
 
     def publish(self, event: str, data: dict[str, Any]) -> None:
-        self.publish_raw(event, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+        self.publish_raw(event, compact(data))
 
     def publish_delta(self, index: int, text: str) -> None:
         """A text or reasoning delta: one small string per token, no dict, no generic encoder."""
-        self._append_delta(index, json.dumps(text, ensure_ascii=False))
+        self._append_delta(index, compact(text))
 
     def publish_raw(self, event: str, data: str) -> None:
         if self._closed_at is not None:

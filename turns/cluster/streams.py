@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from recordstore.stored_json import compact
 from turns.cluster.control import Address
 from turns.cluster.link import RedisLink
 from turns.streams import (
@@ -92,7 +93,7 @@ class MirroredBuffer(StreamBuffer):
 
     def _settle(self) -> None:
         if self._open_chunks:
-            text = json.dumps("".join(self._open_chunks), ensure_ascii=False)
+            text = compact("".join(self._open_chunks))
             self._open_chunks = []
             self._append_delta(self._open_index, text)
 
