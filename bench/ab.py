@@ -26,8 +26,9 @@ from typing import Any
 
 import anyio
 
+from bench import client as c
 from bench import measure
-from bench.procs import FakeModelProc, TurndProc
+from bench.procs import FakeModelProc, TurndProc, cpu_seconds
 
 
 def _log(text: str) -> None:
@@ -66,8 +67,53 @@ async def _rounds(a: list[str], b: list[str], rounds: int, turns: int,
     return got
 
 
+PAIRED_WORKERS = 20
+
+
 def _quiet(_text: str) -> None:
     pass
+
+
+async def _paired(a: list[str], b: list[str], rounds: int, turns: int) -> list[float]:
+    """Both builds at once: each of 20 workers makes a short turn on A, then one on B
+    (half of them B first), so the two daemons meet the same machine at the same
+    moments; the CPU of each over the same window, and B's over A's, per round."""
+    ratios: list[float] = []
+    with (
+        FakeModelProc(tokens=5, ttft_ms=0) as tiny_a, FakeModelProc(tokens=5, ttft_ms=0) as tiny_b,
+        TurndProc({"tiny": tiny_a.base_url}, command=a) as turnd_a,
+        TurndProc({"tiny": tiny_b.base_url}, command=b) as turnd_b,
+    ):
+        async with (
+            c.api_client(turnd_a.base_url, turnd_a.token, PAIRED_WORKERS + 8) as http_a,
+            c.api_client(turnd_b.base_url, turnd_b.token, PAIRED_WORKERS + 8) as http_b,
+        ):
+            async def batch(n: int) -> tuple[float, float]:
+                pairs = [(await c.new_conversation(http_a), await c.new_conversation(http_b))
+                         for _ in range(PAIRED_WORKERS)]
+                todo = iter(range(n))
+
+                async def worker(i: int, skeys: tuple[str, str]) -> None:
+                    sides = [(http_a, skeys[0]), (http_b, skeys[1])]
+                    for _ in todo:
+                        for http, skey in sides[i % 2:] + sides[:i % 2]:
+                            s = await c.turnd_turn(http, skey)
+                            if s.status is None or '"complete"' not in s.status:
+                                raise RuntimeError(f"a turn did not complete: {s.status}")
+
+                cpu_a, cpu_b = cpu_seconds(turnd_a.pid), cpu_seconds(turnd_b.pid)
+                async with anyio.create_task_group() as tg:
+                    for i, skeys in enumerate(pairs):
+                        tg.start_soon(worker, i, skeys)
+                return cpu_seconds(turnd_a.pid) - cpu_a, cpu_seconds(turnd_b.pid) - cpu_b
+
+            await batch(50)  # warm-up
+            for n in range(rounds):
+                used_a, used_b = await batch(turns)
+                ratios.append(used_b / used_a)
+                _log(f"round {n + 1}/{rounds}: CPU a turn A {used_a / turns * 1000:.2f} ms, "
+                     f"B {used_b / turns * 1000:.2f} ms, B/A {used_b / used_a:.3f}")
+    return ratios
 
 
 KEYS = ("turnd_cpu_ms_per_turn", "turns_per_s", "ttft_overhead_ms_p50", "claim_latency_ms_p50")
@@ -81,7 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=300, help="short turns a round")
     p.add_argument("--samples", type=int, default=20, help="first-token samples a round")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.add_argument("--paired", action="store_true",
+                   help="both builds at once, turn for turn: CPU a turn only, B/A per round")
     args = p.parse_args(argv)
+    if args.paired:
+        ratios = anyio.run(_paired, shlex.split(args.a), shlex.split(args.b), args.rounds,
+                           args.turns)
+        print(f"turnd_cpu_ms_per_turn B/A median {statistics.median(ratios):.3f} over "
+              f"{len(ratios)} rounds (min {min(ratios):.3f}, max {max(ratios):.3f})")
+        if args.json:
+            print(json.dumps({"paired_ratios": ratios}, separators=(",", ":")))
+        return 0
     got = anyio.run(_rounds, shlex.split(args.a), shlex.split(args.b), args.rounds,
                     args.turns, args.samples)
     out: dict[str, Any] = {}

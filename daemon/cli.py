@@ -83,12 +83,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
 
     async def run() -> None:
-        from daemon.loop_name import asyncio_named
-
-        with asyncio_named():
-            await _serve()
-
-    async def _serve() -> None:
         async with anyio.create_task_group() as tg:
 
             def ready(svc: Service) -> None:
