@@ -79,6 +79,8 @@ async def check_provider(
     """(ok, "provider", one line naming the provider): its /models, never its key."""
     import openai
 
+    from turns.models import NO_PLATFORM_HEADERS
+
     name = f"{provider.name} [{provider.label}]" if provider.label else provider.name
     where = provider.base_url
     if provider.name != ECHO:
@@ -100,6 +102,7 @@ async def check_provider(
         max_retries=0,
         timeout=within,
         http_client=http_client,
+        default_headers=NO_PLATFORM_HEADERS,  # as `serve` asks (turns.models)
     )
     try:
         ids = [m.id async for m in client.models.list()]

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 
 from testbed.fakemodel import FakeModel, Reply
-from turns.models import choose_effort, choose_model, parse_model, post_chat, reasoning_effort
+from turns.models import (
+    Clients,
+    choose_effort,
+    choose_model,
+    parse_model,
+    post_chat,
+    reasoning_effort,
+)
+from turns.settings import Provider
 
 DEFAULT = "admin:default-model"
 
@@ -84,3 +93,27 @@ async def test_a_chat_call_goes_to_the_clients_base_url_as_it_is_now(fake_model:
     assert second["choices"][0]["message"]["content"] == "two"
     assert [r.path for r in fake_model.chat_requests] == ["/v1/chat/completions"]
     assert [r.path for r in other.chat_requests] == ["/v1/chat/completions"]
+
+
+@pytest.mark.anyio
+async def test_a_chat_call_tells_the_provider_nothing_of_the_machine(fake_model: FakeModel) -> None:
+    # The SDK's platform headers (OS, architecture, Python and SDK versions, retries, read
+    # timeout) are not sent; the key and the SDK's User-Agent are.
+    fake_model.push(Reply.text(["one"]))
+    fake_model.push(Reply.text(["two"]))
+    clients = Clients({"p": Provider("p", fake_model.base_url, "sk-test")})
+    try:
+        client = clients.client(clients.provider({"provider": "p", "id": "m"}), retries=2)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        await post_chat(client, body, dict)
+        response = await post_chat(client, {**body, "stream": True}, httpx2.Response, stream=True)
+        async for _ in response.aiter_lines():
+            pass
+        await response.aclose()
+    finally:
+        await clients.aclose()
+    assert len(fake_model.chat_requests) == 2
+    for request in fake_model.chat_requests:
+        assert request.headers["authorization"] == "Bearer sk-test"
+        assert "OpenAI/Python" in request.headers["user-agent"]
+        assert not [name for name in request.headers if name.startswith("x-stainless")]
