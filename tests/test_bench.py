@@ -128,3 +128,18 @@ def test_bench_long_conversations_reports_each_length() -> None:
     assert sorted(long["cpu_ms_per_turn"], key=int) == ["20", "200", "500"]
     # Two turns are a tick or two of CPU time: a figure, not a measurement.
     assert all(isinstance(ms, float) and ms >= 0 for ms in long["cpu_ms_per_turn"].values())
+
+
+def test_bench_ab_paired_reports_both_orders() -> None:
+    turnd = f"{sys.executable} -m daemon.cli"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.ab", "--paired", "--rounds", "1", "--turns", "30",
+         "--a", turnd, "--b", turnd, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    paired = json.loads(out.stdout.strip().splitlines()[-1])["paired"]
+    assert len(paired["as_given"]) == len(paired["swapped"]) == 1
+    assert all(r > 0 for r in paired["as_given"] + paired["swapped"])
+    assert paired["B/A"] > 0
+    assert out.stderr.count("round 1/1: CPU a turn A") == 2
