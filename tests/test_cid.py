@@ -116,3 +116,32 @@ def test_ipld_json_round_trip() -> None:
 )
 def test_plain_json_encodes_as_libipld_does(value: Any) -> None:
     assert encode_record(value) == libipld.encode_dag_cbor(value)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text()
+    | st.builds(lambda cid: {"$link": cid}, st.just(SOME_CID)),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=25,
+)
+
+
+@given(_JSON)
+def test_a_plain_record_is_encoded_as_it_is_converted(value: Any) -> None:
+    # record_cid encodes a value with nothing to convert straight away; the converted
+    # copy (every $link a CID) must give the same bytes, with or without links.
+    converted = hashlib.sha256(encode_record({"v": value})).digest()
+    assert libipld.decode_cid(record_cid({"v": value}))["hash"]["digest"] == converted
+
+
+@pytest.mark.parametrize(
+    "value", [{"x": 1.5}, {"x": float("nan")}, {1: "a"}, {"x": b"raw"}, {"x": [1, {2}]}]
+)
+def test_what_is_not_plain_json_still_goes_through_the_conversion(value: Any) -> None:
+    with pytest.raises(ValueError):
+        record_cid(value)
+
+
+def test_a_tuple_is_converted_to_the_list_it_stands_for() -> None:
+    assert record_cid({"x": [1, (2, 3)]}) == record_cid({"x": [1, [2, 3]]})
