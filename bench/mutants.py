@@ -260,6 +260,22 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_ratelimit.py",
          _t("test_past_the_rate_limit_the_turn_waits_unclaimed_and_starts_once_the_limit_allows")),
     ),
+    Mutation(
+        "platform-headers-sent",
+        "a chat call tells the provider nothing of the machine (no SDK platform headers)",
+        "turns/models.py",
+        "default_headers=NO_PLATFORM_HEADERS,",
+        "default_headers=None,",
+        (_t("test_a_chat_call_tells_the_provider_nothing_of_the_machine", "tests/test_models.py"),),
+    ),
+    Mutation(
+        "cid-link-taken-as-plain",
+        "a record's $link is encoded as a CID link, also on the quick path to its CID",
+        "recordstore/cid.py",
+        'if len(v) == 1 and ("$link" in v or "$bytes" in v):',
+        'if len(v) == 1 and "$bytes" in v:',
+        ("tests/test_cid.py",),
+    ),
 ]
 
 
