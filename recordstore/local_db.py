@@ -21,7 +21,7 @@ from recordstore import CONVERSATION_REF, StoreError
 from recordstore.files import private_dir, private_file
 from recordstore.local_bell import Bell, bell_for
 from recordstore.local_written import Written
-from recordstore.sqlite_quick import CACHE, Quick, QuickWrite
+from recordstore.sqlite_quick import CACHE, QuickWrite
 
 __all__ = ["COLLECTION_IS", "DB_NAME", "NEWEST_INDEXES", "OP_COLS", "RECORD_COLS", "LocalDb"]
 
@@ -96,10 +96,10 @@ class LocalDb:
         self.bell: Bell = bell_for(self.path)
         self._functions: set[str] = set()
         # Point reads and one-statement writes without a thread hop when SQLite can do
-        # them at once (recordstore.sqlite_quick); this process's own writes, which its
+        # them at once, on one connection of the loop's thread, whose page cache keeps
+        # what it wrote (recordstore.sqlite_quick); this process's own writes, which its
         # feeds need not validate again (recordstore.local_written).
-        self._quick_read = Quick(self.path)
-        self._quick_write = QuickWrite(self.path)
+        self._quick = QuickWrite(self.path)
         self._yielded_at = 0.0  # when a quick read last let the loop run others
         self.written = Written()
 
@@ -124,8 +124,7 @@ class LocalDb:
         # the worker thread still runs, so a second close returns at once, and the thread
         # later answers an event loop that has closed (a daemon stopped at once).
         with anyio.CancelScope(shield=True):
-            self._quick_read.close()
-            self._quick_write.close()
+            self._quick.close()
             await self._writer.close()
             await self._reader.close()
 
@@ -136,7 +135,7 @@ class LocalDb:
         # spare (recordstore.sqlite_quick); else through the worker thread, in turn. The
         # anyio lock is not taken here: SQLite's own lock orders this write against the
         # thread's (a write the thread is running makes this one busy, so it queues).
-        changed = self._quick_write.write(sql, params)
+        changed = self._quick.write(sql, params)
         if changed is None:
             async with self.write_lock:
                 return await self.write_locked(sql, params)
@@ -185,7 +184,7 @@ class LocalDb:
         pass of the task through its whole await chain, ~3 µs each; a task that reads in
         a loop still gives the loop up at least every slice.
         """
-        rows = self._quick_read.read(sql, params)
+        rows = self._quick.read(sql, params)
         if rows is None:
             return await self.read(sql, params)
         now = time.perf_counter()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from recordstore.sqlite_quick import CHECKPOINT_EVERY, Quick, QuickWrite
+from recordstore.sqlite_quick import CHECKPOINT_EVERY, QuickWrite
 
 
 @pytest.fixture
@@ -23,27 +23,27 @@ def db(tmp_path):
 
 def test_reads_see_other_connections_writes(db):
     path, other = db
-    reader = Quick(path)
+    reader = QuickWrite(path)
     other.execute("INSERT INTO t VALUES ('d', '4')")
     assert reader.read("SELECT v FROM t WHERE k = ?", ("d",)) == [("4",)]
     reader.close()
 
 
-def test_a_busy_file_does_not_hold_a_read_and_the_connection_writes_nothing(db):
+def test_a_busy_file_does_not_hold_a_read_and_a_read_writes_nothing(db):
     path, other = db
-    reader = Quick(path)
+    reader = QuickWrite(path)
     other.execute("BEGIN IMMEDIATE")
     other.execute("INSERT INTO t VALUES ('a', '1')")
     assert reader.read("SELECT count(*) FROM t", ()) == [(0,)]  # WAL: readers never wait
     other.execute("COMMIT")
-    assert reader.read("INSERT INTO t VALUES ('b', '2')", ()) is None  # query_only
+    assert reader.read("INSERT INTO t VALUES ('b', '2')", ()) is None  # a read never writes
     assert other.execute("SELECT k FROM t").fetchall() == [("a",)]
     reader.close()
 
 
 def test_another_thread_or_a_closed_reader_answers_none(db):
     path, _ = db
-    reader = Quick(path)
+    reader = QuickWrite(path)
     assert reader.read("SELECT 1", ()) == [(1,)]
     answers: list[object] = []
     thread = threading.Thread(target=lambda: answers.append(reader.read("SELECT 1", ())))
@@ -150,3 +150,31 @@ def test_every_so_many_writes_one_is_left_to_the_worker_thread(db):
         CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY, 3 * CHECKPOINT_EVERY
     ]
     writer.close()
+
+
+def _read_calls() -> int:
+    with open("/proc/self/io") as io:  # read system calls of this process, pread included
+        return int(next(line for line in io if line.startswith("syscr:")).split()[1])
+
+
+def test_reads_and_writes_share_the_connection_and_its_own_writes_keep_its_cache(db):
+    # A read after this connection's own write finds its pages in its cache; after
+    # another connection's commit SQLite empties that cache and reads them again.
+    path, other = db
+    other.executemany("INSERT INTO t VALUES (?, ?)", [(f"k{n:04d}", "x" * 300) for n in range(2000)])
+    quick = QuickWrite(path, share=1.0, burst=1.0)
+    assert quick.read("SELECT count(*) FROM t", ()) == [(2000,)]  # pages now in its cache
+    assert quick.write("INSERT INTO t VALUES ('own', '1')", ()) == 1
+    before = _read_calls()
+    itself = _read_calls() - before  # reading /proc/self/io counts too
+    before = _read_calls()
+    assert quick.read("SELECT v FROM t WHERE k = ?", ("k1500",)) == [("x" * 300,)]
+    after_own = _read_calls() - before - itself
+    other.execute("INSERT INTO t VALUES ('theirs', '2')")
+    before = _read_calls()
+    assert quick.read("SELECT v FROM t WHERE k = ?", ("k1500",)) == [("x" * 300,)]
+    after_theirs = _read_calls() - before - itself
+    # The B-tree's path to the row (root, interior, leaf) read again only in the second.
+    assert after_own + 2 <= after_theirs
+    assert quick.read("SELECT v FROM t WHERE k = ?", ("theirs",)) == [("2",)]
+    quick.close()
