@@ -85,8 +85,8 @@ class _ThreadConnection:
         if not sql.startswith("SELECT"):
             return None
         conn = self._connection()
-        if conn is None:
-            return None
+        if conn is None or conn.in_transaction:
+            return None  # never inside a write left open (a failed rollback): not committed
         try:
             # fetchall runs the statement to its end, so no read snapshot lingers.
             return conn.execute(sql, params).fetchall()

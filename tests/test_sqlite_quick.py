@@ -178,3 +178,16 @@ def test_reads_and_writes_share_the_connection_and_its_own_writes_keep_its_cache
     assert after_own + 2 <= after_theirs
     assert quick.read("SELECT v FROM t WHERE k = ?", ("theirs",)) == [("2",)]
     quick.close()
+
+
+def test_a_read_never_sees_a_write_left_open(db):
+    path, _ = db
+    quick = QuickWrite(path, share=1.0, burst=1.0)
+    conn = quick._connection()
+    assert conn is not None
+    conn.execute("BEGIN IMMEDIATE")  # as a write whose rollback failed would leave it
+    conn.execute("INSERT INTO t VALUES ('uncommitted', '1')")
+    assert quick.read("SELECT count(*) FROM t", ()) is None  # the worker thread reads instead
+    conn.execute("ROLLBACK")
+    assert quick.read("SELECT count(*) FROM t", ()) == [(0,)]
+    quick.close()
