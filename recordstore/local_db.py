@@ -21,7 +21,7 @@ from recordstore import CONVERSATION_REF, StoreError
 from recordstore.files import private_dir, private_file
 from recordstore.local_bell import Bell, bell_for
 from recordstore.local_written import Written
-from recordstore.sqlite_quick import CACHE, QuickWrite
+from recordstore.sqlite_quick import CACHE, Quick
 
 __all__ = ["COLLECTION_IS", "DB_NAME", "NEWEST_INDEXES", "OP_COLS", "RECORD_COLS", "LocalDb"]
 
@@ -99,7 +99,7 @@ class LocalDb:
         # them at once, on one connection of the loop's thread, whose page cache keeps
         # what it wrote (recordstore.sqlite_quick); this process's own writes, which its
         # feeds need not validate again (recordstore.local_written).
-        self._quick = QuickWrite(self.path)
+        self._quick = Quick(self.path)
         self._yielded_at = 0.0  # when a quick read last let the loop run others
         self.written = Written()
 

@@ -15,7 +15,7 @@ connection of its own each read began by reading its pages again (``pread``), on
 writer's they are still in its cache (a point read 33 -> 27 µs; ``bench.ab --paired``,
 CPU a short turn B/A 0.976 and 0.988).
 
-Writes (:class:`QuickWrite`) run here only while they are cheap for the loop: one that would
+Writes (:class:`Quick`) run here only while they are cheap for the loop: one that would
 wait for SQLite's write lock (another connection or process is writing) answers None, and
 so does every write once the loop has spent its share of time writing. Run on the loop
 without that share, writes stalled it under 1000 concurrent turns (docs/performance-history.md,
@@ -31,30 +31,58 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["CACHE", "QuickWrite"]
+__all__ = ["CACHE", "Quick"]
 
 T = TypeVar("T")
 
-# The store's page cache per connection: 512 KiB, not SQLite's 2 MB default. A reader's
-# is cleared whenever another connection wrote since its last read (WAL), nearly every
-# read in a running daemon; the writer's holds the pages its inserts walk (the indexes'
-# upper levels and the newest leaves). It took ~1.5 MB off RSS after 1000 turns (SPEC
+# The store's page cache per connection: 512 KiB, not SQLite's 2 MB default. The worker
+# thread's reader's is cleared whenever another connection wrote since its last read
+# (WAL), nearly every read in a running daemon; the loop's connection holds the pages its
+# writes walk (the indexes' upper levels and the newest leaves) and its reads find. It took ~1.5 MB off RSS after 1000 turns (SPEC
 # §10's growth). CPU per turn was compared at 1 MB (unchanged within the noise), not
 # at 512 KiB separately.
 CACHE = "PRAGMA cache_size = -512"  # KiB
 
 
-class _ThreadConnection:
-    """One connection to ``path`` for the thread that first uses it (None elsewhere,
-    and for good once it could not be opened or was closed)."""
+# The loop's share of time for writes (a token bucket in seconds): at most SHARE of the
+# loop's time on average, and BURST at once. A write on the loop costs 20-60 µs of CPU
+# against ~120 µs through aiosqlite's thread, and on the claim's path the hops cost
+# more in latency than in CPU (README, "Benchmarks").
+SHARE = 0.1
+BURST = 0.002
+# SQLite checkpoints the WAL in the connection that commits past 1000 pages: not this one
+# (a checkpoint syncs the file). Every CHECKPOINT_EVERY-th write goes to the worker thread
+# instead, whose commit checkpoints as SQLite always does.
+CHECKPOINT_EVERY = 64
+_PRAGMAS = (
+    "PRAGMA busy_timeout = 0",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA wal_autocheckpoint = 0",
+    CACHE,
+)
 
-    PRAGMAS: tuple[str, ...] = ()
 
-    def __init__(self, path: Path) -> None:
+class Quick:
+    """One connection to ``path`` for the thread that first uses it, for its reads and its
+    writes (None elsewhere, and for good once it could not be opened or was closed).
+
+    ``read`` answers a ``SELECT``'s rows. ``write`` answers the number of rows changed, or
+    None when the statement was not run (busy, over the share, another thread, a broken
+    connection): the caller then runs it through its worker thread, which waits,
+    checkpoints and reports errors as it always did. ``sqlite3.IntegrityError`` is raised
+    as it is: that is the statement's answer.
+    """
+
+    def __init__(self, path: Path, *, share: float | None = None, burst: float | None = None) -> None:
         self._path = path
         self._conn: sqlite3.Connection | None = None
         self._thread: int | None = None
         self._broken = False
+        self._share = SHARE if share is None else share
+        self._burst = BURST if burst is None else burst
+        self._tokens = self._burst
+        self._refilled = time.perf_counter()
+        self._count = 0
 
     def _connection(self) -> sqlite3.Connection | None:
         if self._broken:
@@ -65,7 +93,7 @@ class _ThreadConnection:
             # check_same_thread=False only so that close() may come from anywhere:
             # every statement checks the thread itself.
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            for pragma in ("PRAGMA busy_timeout = 0", *self.PRAGMAS, CACHE):
+            for pragma in _PRAGMAS:
                 conn.execute(pragma)
         except sqlite3.Error:
             self._broken = True
@@ -92,38 +120,6 @@ class _ThreadConnection:
             return conn.execute(sql, params).fetchall()
         except sqlite3.Error:
             return None
-
-
-# The loop's share of time for writes (a token bucket in seconds): at most SHARE of the
-# loop's time on average, and BURST at once. A write on the loop costs 20-60 µs of CPU
-# against ~120 µs through aiosqlite's thread, and on the claim's path the hops cost
-# more in latency than in CPU (README, "Benchmarks").
-SHARE = 0.1
-BURST = 0.002
-# SQLite checkpoints the WAL in the connection that commits past 1000 pages: not this one
-# (a checkpoint syncs the file). Every CHECKPOINT_EVERY-th write goes to the worker thread
-# instead, whose commit checkpoints as SQLite always does.
-CHECKPOINT_EVERY = 64
-
-
-class QuickWrite(_ThreadConnection):
-    """One writer connection to ``path`` for the thread that first uses it.
-
-    ``write`` answers the number of rows changed, or None when the statement was not run
-    (busy, over the share, another thread, a broken connection): the caller then runs it
-    through its worker thread, which waits, checkpoints and reports errors as it always did.
-    ``sqlite3.IntegrityError`` is raised as it is: that is the statement's answer.
-    """
-
-    PRAGMAS = ("PRAGMA synchronous = NORMAL", "PRAGMA wal_autocheckpoint = 0")
-
-    def __init__(self, path: Path, *, share: float | None = None, burst: float | None = None) -> None:
-        super().__init__(path)
-        self._share = SHARE if share is None else share
-        self._burst = BURST if burst is None else burst
-        self._tokens = self._burst
-        self._refilled = time.perf_counter()
-        self._count = 0
 
     def write(self, sql: str, params: Any, *, many: bool = False) -> int | None:
         """Run ``sql`` with ``params`` (``many``: with each of them, as ``executemany``)."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from recordstore.sqlite_quick import CHECKPOINT_EVERY, QuickWrite
+from recordstore.sqlite_quick import CHECKPOINT_EVERY, Quick
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def db(tmp_path):
 
 def test_reads_see_other_connections_writes(db):
     path, other = db
-    reader = QuickWrite(path)
+    reader = Quick(path)
     other.execute("INSERT INTO t VALUES ('d', '4')")
     assert reader.read("SELECT v FROM t WHERE k = ?", ("d",)) == [("4",)]
     reader.close()
@@ -31,7 +31,7 @@ def test_reads_see_other_connections_writes(db):
 
 def test_a_busy_file_does_not_hold_a_read_and_a_read_writes_nothing(db):
     path, other = db
-    reader = QuickWrite(path)
+    reader = Quick(path)
     other.execute("BEGIN IMMEDIATE")
     other.execute("INSERT INTO t VALUES ('a', '1')")
     assert reader.read("SELECT count(*) FROM t", ()) == [(0,)]  # WAL: readers never wait
@@ -43,7 +43,7 @@ def test_a_busy_file_does_not_hold_a_read_and_a_read_writes_nothing(db):
 
 def test_another_thread_or_a_closed_reader_answers_none(db):
     path, _ = db
-    reader = QuickWrite(path)
+    reader = Quick(path)
     assert reader.read("SELECT 1", ()) == [(1,)]
     answers: list[object] = []
     thread = threading.Thread(target=lambda: answers.append(reader.read("SELECT 1", ())))
@@ -59,7 +59,7 @@ def test_another_thread_or_a_closed_reader_answers_none(db):
 
 def test_a_write_runs_on_the_calling_thread_and_its_answer_is_the_rows_changed(db):
     path, other = db
-    writer = QuickWrite(path)
+    writer = Quick(path)
     assert writer.write("INSERT INTO t VALUES (?, ?)", ("a", "1")) == 1
     assert writer.write("INSERT INTO t VALUES (?, ?)", [("b", "2"), ("c", "3")], many=True) == 2
     assert other.execute("SELECT count(*) FROM t").fetchone() == (3,)
@@ -71,7 +71,7 @@ def test_a_write_runs_on_the_calling_thread_and_its_answer_is_the_rows_changed(d
 
 def test_a_write_that_would_wait_for_the_lock_is_not_run(db):
     path, other = db
-    writer = QuickWrite(path)
+    writer = Quick(path)
     other.execute("BEGIN IMMEDIATE")
     started = time.perf_counter()
     assert writer.write("INSERT INTO t VALUES ('a', '1')", ()) is None
@@ -89,7 +89,7 @@ def test_a_write_that_would_wait_for_the_lock_is_not_run(db):
 
 def test_a_write_of_many_rows_writes_all_of_them_or_none(db):
     path, other = db
-    writer = QuickWrite(path)
+    writer = Quick(path)
     other.execute("INSERT INTO t VALUES ('b', 'taken')")
     with pytest.raises(sqlite3.IntegrityError):  # the second row conflicts
         writer.write("INSERT INTO t VALUES (?, ?)", [("a", "1"), ("b", "2")], many=True)
@@ -105,7 +105,7 @@ def test_a_write_of_many_rows_writes_all_of_them_or_none(db):
 
 def test_statements_written_together_are_one_transaction(db):
     path, other = db
-    writer = QuickWrite(path)
+    writer = Quick(path)
     other.execute("INSERT INTO t VALUES ('gone', 'x'), ('b', 'taken')")
     together = [
         ("DELETE FROM t WHERE k = ?", ("gone",), False),
@@ -130,7 +130,7 @@ def test_statements_written_together_are_one_transaction(db):
 
 def test_writes_stop_once_the_loop_has_spent_its_share(db):
     path, other = db
-    writer = QuickWrite(path, share=0.0, burst=0.0005)
+    writer = Quick(path, share=0.0, burst=0.0005)
     answers = [writer.write("INSERT INTO t VALUES (?, '1')", (str(i),)) for i in range(200)]
     # The burst is spent by the first writes; with no refill, none runs after that.
     assert answers[0] == 1
@@ -143,7 +143,7 @@ def test_writes_stop_once_the_loop_has_spent_its_share(db):
 
 def test_every_so_many_writes_one_is_left_to_the_worker_thread(db):
     path, _ = db
-    writer = QuickWrite(path, share=1.0, burst=10.0)
+    writer = Quick(path, share=1.0, burst=10.0)
     answers = [writer.write("INSERT INTO t VALUES (?, '1')", (str(i),)) for i in range(3 * CHECKPOINT_EVERY)]
     # Its commit checkpoints the WAL; this connection never does (wal_autocheckpoint = 0).
     assert [i + 1 for i, a in enumerate(answers) if a is None] == [
@@ -162,7 +162,7 @@ def test_reads_and_writes_share_the_connection_and_its_own_writes_keep_its_cache
     # another connection's commit SQLite empties that cache and reads them again.
     path, other = db
     other.executemany("INSERT INTO t VALUES (?, ?)", [(f"k{n:04d}", "x" * 300) for n in range(2000)])
-    quick = QuickWrite(path, share=1.0, burst=1.0)
+    quick = Quick(path, share=1.0, burst=1.0)
     assert quick.read("SELECT count(*) FROM t", ()) == [(2000,)]  # pages now in its cache
     assert quick.write("INSERT INTO t VALUES ('own', '1')", ()) == 1
     before = _read_calls()
@@ -182,7 +182,7 @@ def test_reads_and_writes_share_the_connection_and_its_own_writes_keep_its_cache
 
 def test_a_read_never_sees_a_write_left_open(db):
     path, _ = db
-    quick = QuickWrite(path, share=1.0, burst=1.0)
+    quick = Quick(path, share=1.0, burst=1.0)
     conn = quick._connection()
     assert conn is not None
     conn.execute("BEGIN IMMEDIATE")  # as a write whose rollback failed would leave it

@@ -19,7 +19,7 @@ import aiosqlite
 import anyio
 
 from recordstore.files import private_file
-from recordstore.sqlite_quick import QuickWrite
+from recordstore.sqlite_quick import Quick
 
 log = logging.getLogger("turnd.turns")
 
@@ -157,7 +157,7 @@ class StateDB:
         # A turn's rows (its claim, its usage) are written on the loop's thread when
         # SQLite can do it at once (recordstore.sqlite_quick): the claim row is on the
         # way to the model call.
-        self._quick = QuickWrite(path) if path is not None else None
+        self._quick = Quick(path) if path is not None else None
         self._replacing = False
 
     @classmethod
@@ -205,7 +205,7 @@ class StateDB:
         await old.close()
         if self._quick is not None:
             self._quick.close()
-            self._quick = QuickWrite(path)
+            self._quick = Quick(path)
         self._inode = _inode(path)
 
     async def aclose(self) -> None:
