@@ -41,6 +41,7 @@ from recordstore.keys import repo_rkey, validate_collection, validate_space_key
 from recordstore.pds_auth import PdsAccount, PdsSession, PdsSessions
 from recordstore.pds_blobs import PdsBlobs
 from recordstore.pds_errors import describe, error_name, store_error, transient
+from recordstore.stored_json import compact
 from recordstore.write import MAX_RECORD_BYTES, prepare_write
 
 __all__ = ["MAX_RECORD_BYTES", "PdsAccount", "PdsLogin", "PdsStore", "open_pds_store"]
@@ -222,10 +223,8 @@ class PdsStore(RecordStore):
         # The PDS checks blob references itself (BlobNotFound, InvalidMimeType, ...).
         w = await prepare_write(collection, value)
         value, cid = w.value, w.cid
-        payload = json.dumps(
-            {"repo": did, "collection": collection, "rkey": rkey, "record": value},
-            ensure_ascii=False,
-            separators=(",", ":"),
+        payload = compact(
+            {"repo": did, "collection": collection, "rkey": rkey, "record": value}
         ).encode()
         last_error: Exception | None = None
         for attempt in range(_CREATE_TRIES):
@@ -282,7 +281,7 @@ class PdsStore(RecordStore):
         }
         if swap is not None:
             body["swapRecord"] = swap
-        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        payload = compact(body).encode()
         # A put with a swap is safe to send again: a replay cannot overwrite someone
         # else's write, and one that landed although its answer was lost shows as our
         # CID on read-back. So while the PDS is unreachable (restarting, say) it is tried

@@ -23,7 +23,7 @@ from recordstore.keys import message_sort_key, new_tid, parse_reply_key
 from recordstore.lexicon import validate_record
 from turns import account_space, records, triggers
 from turns.conversation_refs import ConversationRefs
-from turns.message_cache import MessageCache, all_records
+from turns.message_cache import MessageCache, all_records, read_messages
 
 log = logging.getLogger("turnd.turns")
 
@@ -64,7 +64,7 @@ async def load(
     if cache is not None:
         by_key = await cache.messages(did, skey)
     else:
-        by_key = {r.key: r.value for r in await all_records(store, did, skey, MESSAGE)}
+        by_key = await read_messages(store, did, skey)
     return Conversation(
         found.value if found else None, preferences.value if preferences else None, by_key
     )

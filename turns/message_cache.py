@@ -35,11 +35,18 @@ from typing import Any
 from recordstore import MESSAGE, Record, RecordStore
 from recordstore.abilities import SpaceChanges
 
-__all__ = ["CACHED_FROM", "KEPT_CHARS", "KEPT_CONVERSATIONS", "MessageCache", "all_records"]
+__all__ = [
+    "CACHED_FROM",
+    "KEPT_CHARS",
+    "KEPT_CONVERSATIONS",
+    "MessageCache",
+    "all_records",
+    "read_messages",
+]
 
 CACHED_FROM = 64  # messages
 CHANGES_READ = 256  # writes to the whole store read through to bring one up to date
-KEPT_CHARS = 2_000_000  # stored JSON, every kept conversation together (~3x that in RSS)
+KEPT_CHARS = 2_000_000  # stored JSON, every kept conversation together (4-5.5x in memory)
 KEPT_CONVERSATIONS = 64
 _SEEN_REMEMBERED = 1024  # conversations seen long with nothing kept
 
@@ -60,6 +67,11 @@ async def all_records(store: RecordStore, did: str, space: str, collection: str)
         out.extend(page)
         if cursor is None or not page:
             return out
+
+
+async def read_messages(store: RecordStore, did: str, skey: str) -> dict[str, dict[str, Any]]:
+    """Every message of conversation ``skey``, by key, read whole (nothing kept)."""
+    return {r.key: r.value for r in await all_records(store, did, skey, MESSAGE)}
 
 
 class MessageCache:
@@ -95,7 +107,7 @@ class MessageCache:
         """Every message of conversation ``skey``, by key, in key order."""
         store = self._changes
         if store is None:
-            return {r.key: r.value for r in await all_records(self._store, did, skey, MESSAGE)}
+            return await read_messages(self._store, did, skey)
         at = (did, skey)
         kept = self._take(at)
         if kept is not None:

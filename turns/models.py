@@ -89,9 +89,8 @@ _CLIENT_PLATFORM_HEADERS = (
     "X-Stainless-Async",
 )
 _PER_REQUEST_PLATFORM_HEADERS = ("X-Stainless-Retry-Count", "X-Stainless-Read-Timeout")
-NO_PLATFORM_HEADERS: dict[str, str] = {
-    name: openai.Omit() for name in _CLIENT_PLATFORM_HEADERS  # type: ignore[misc]
-}
+# The SDK drops a header whose value is its ``Omit``: these are the client's defaults.
+NO_PLATFORM_HEADERS: dict[str, Any] = {name: openai.Omit() for name in _CLIENT_PLATFORM_HEADERS}
 
 # What create() sends for a chat call: the bearer key only (never an admin key). Built
 # once as the SDK's own request options: `client.post` constructs them on every call, a
