@@ -40,6 +40,7 @@ from bench.procs import DID, FakeModelProc, TurndProc, cpu_seconds
 from recordstore import CONVERSATION, CONVERSATION_REF, MESSAGE, SETTINGS_SPACE
 from recordstore.cid import record_cid
 from recordstore.keys import new_tid
+from recordstore.stored_json import compact
 from recordstore.vocabulary import PLAIN_CONTENT, TEXT_PART
 from turns.tls import tls_context
 
@@ -63,8 +64,17 @@ def _seed_refs(store_file: Path, n: int) -> None:
             "title": f"Conversation number {i} about something",
             "updatedAt": f"2026-{1 + i % 12:02d}-{1 + i % 28:02d}T{i % 24:02d}:00:00.{i % 1000:03d}Z",
         }
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-        rows.append((DID, SETTINGS_SPACE, CONVERSATION_REF, skey, record_cid(value), text))
+        rows.append(_row(SETTINGS_SPACE, CONVERSATION_REF, skey, value))
+    _insert(store_file, rows)
+
+
+def _row(space: str, collection: str, key: str, value: dict[str, Any]) -> tuple[Any, ...]:
+    """A record's row as the store keeps it (its CID, its compact JSON)."""
+    return (DID, space, collection, key, record_cid(value), compact(value))
+
+
+def _insert(store_file: Path, rows: list[tuple[Any, ...]]) -> None:
+    """``rows`` straight into the store file, past the daemon (its feed sees them)."""
     with sqlite3.connect(store_file, timeout=30) as db:
         db.executemany(
             "INSERT INTO records (did, space, collection, key, cid, value) VALUES (?,?,?,?,?,?)",
@@ -165,14 +175,9 @@ def _seed_messages(store_file: Path, skey: str, pairs: int) -> None:
                 value["status"] = "complete"
             if parent is not None:
                 value["parent"] = parent
-            text_json = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-            rows.append((DID, skey, MESSAGE, key, record_cid(value), text_json))
+            rows.append(_row(skey, MESSAGE, key, value))
             parent = key
-    with sqlite3.connect(store_file, timeout=30) as db:
-        db.executemany(
-            "INSERT INTO records (did, space, collection, key, cid, value) VALUES (?,?,?,?,?,?)",
-            rows,
-        )
+    _insert(store_file, rows)
 
 
 async def _turns_in(turnd: TurndProc, skey: str, turns: int) -> float:
