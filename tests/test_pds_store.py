@@ -19,7 +19,7 @@ from recordstore import (
     StoreError,
 )
 from recordstore.cid import record_cid
-from recordstore.firehose import decode_cursor
+from recordstore.firehose import PdsFeed, decode_cursor
 from recordstore.keys import new_tid
 from recordstore.pds import PdsAccount, PdsStore
 from recordstore.write import BlobRefError
@@ -70,15 +70,25 @@ async def direct(pds: PdsServer, pds_account: Account) -> AsyncClient:
 
 @asynccontextmanager
 async def started_feed(store: PdsStore, did: str) -> AsyncIterator[AsyncIterator[Change]]:
-    """The feed from the start, read past a marker (a generator runs from its first read)."""
-    async with store.changes() as feed:
-        marker = await store.create_record(did, "0start", MESSAGE, new_tid(), message())
-        with anyio.fail_after(10):
-            async for change in feed:
-                if change.space == "0start" and change.key == marker.key:
+    """The feed from the start, as ``store.changes()`` makes it, read past a marker once its
+    first sweep of ``did`` is done (a generator runs from its first read).
+
+    A feed from the start sweeps every repo while its firehose replays; a record written
+    while that sweep lists may be listed before the firehose brings it, and is then
+    reported once, by the sweep, not live. On a loaded machine the sweep can outlast the
+    first marker, so markers are written until one is read after it."""
+    source = PdsFeed(store, sweep_interval=store.sweep_interval)
+    async with source.changes() as feed:
+        with anyio.fail_after(20):
+            while True:
+                marker = await store.create_record(did, "0start", MESSAGE, new_tid(), message())
+                async for change in feed:
+                    if change.space == "0start" and change.key == marker.key:
+                        break
+                else:
+                    raise AssertionError("the feed ended")
+                if did in source.complete:
                     break
-            else:
-                raise AssertionError("the feed ended")
         yield feed
 
 
