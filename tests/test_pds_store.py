@@ -70,8 +70,9 @@ async def direct(pds: PdsServer, pds_account: Account) -> AsyncClient:
 
 @asynccontextmanager
 async def started_feed(store: PdsStore, did: str) -> AsyncIterator[AsyncIterator[Change]]:
-    """The feed from the start, as ``store.changes()`` makes it, read past a marker once its
-    first sweep of ``did`` is done (a generator runs from its first read).
+    """The feed from the start, made as ``store.changes()`` makes it but here, so that its
+    ``complete`` can be read, and read past a marker once its first sweep of ``did`` is
+    done (a generator runs from its first read).
 
     A feed from the start sweeps every repo while its firehose replays; a record written
     while that sweep lists may be listed before the firehose brings it, and is then
