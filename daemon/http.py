@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.middleware.cors import CORSMiddleware
 
-from daemon import echo, tools_http, uploads, usage_api, webui, xrpc
+from daemon import echo, tools_http, turn_routes, uploads, usage_api, webui, xrpc
 from daemon.connections import SUBSCRIBER_EXTENSION
 from daemon.conversations import router as conversations_api
 from daemon.deps import (
@@ -123,6 +123,8 @@ def create_app(service: Served) -> FastAPI:
         _mount(app, xrpc.router(service))
     _mount(app, echo.router())  # the built-in provider, at /echo/v1
     _match_first(app, post_message, stream)  # the two requests of every turn
+    turn_routes.lean_post(app, post_message, NewMessage, status_code=201)
+    turn_routes.lean_stream(app, stream)
 
     blob_limit = config.max_body_bytes
     app.add_middleware(
