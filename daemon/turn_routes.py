@@ -37,8 +37,6 @@ from daemon.deps import caller
 
 __all__ = ["lean_post", "lean_stream"]
 
-Handler = Callable[[Request], Awaitable[Response]]
-
 
 def lean_post(
     app: FastAPI,
@@ -80,11 +78,18 @@ def lean_stream(app: FastAPI, endpoint: Callable[..., Awaitable[Response]]) -> N
     route.app = starlette_routing.request_response(handle)
 
 
-async def _json_body(request: Request, model: type[BaseModel]) -> Any | None:
+async def _json_body(request: Request, model: type[BaseModel]) -> BaseModel | None:
     """The body as ``model``, or None when FastAPI's handler should have its say."""
     if request.headers.get("content-type") != "application/json":
         return None  # no type, a charset, another type: FastAPI's rules decide
-    raw = await request.body()  # kept on the request, for the handler that may follow
+    try:
+        raw = await request.body()  # kept on the request, for the handler that may follow
+    except HTTPException:
+        raise  # the body limit's 413 (daemon.limits), which FastAPI's handler lets through
+    except Exception:
+        # A body that could not be read (the client went away): FastAPI's handler finds
+        # the stream consumed and answers its 400, as it did when it read the body itself.
+        return None
     try:
         # As FastAPI reads it (Starlette's request.json()), then validates the object.
         return model.model_validate(json.loads(raw))
