@@ -5,7 +5,8 @@ FastAPI's handler does the same work for every request of every route: it looks 
 endpoint's context for error messages, reads the content type through ``email.message``,
 resolves the parameters and the dependencies, and serializes the result through the
 response model. For these two routes that was about a twentieth of a short turn's CPU
-(README, "Where the figures stand"). Here each route's handler reads what it needs itself:
+(issue 18's twentieth round: the README's "Where the figures stand (2026-12-06, night)",
+then docs/performance-history.md). Here each route's handler reads what it needs itself:
 
 - the stream route takes its two path parameters, which FastAPI would only check to be
   strings (the endpoint reads the rest from the request, as it did);
@@ -35,47 +36,66 @@ from starlette import routing as starlette_routing
 
 from daemon.deps import caller
 
-__all__ = ["lean_post", "lean_stream"]
+__all__ = ["serve_turn_routes"]
 
 
-def lean_post(
+def serve_turn_routes(
     app: FastAPI,
-    endpoint: Callable[..., Awaitable[dict[str, Any]]],
-    body_model: type[BaseModel],
-    status_code: int,
+    *,
+    post: Callable[..., Awaitable[Any]],
+    post_body: type[BaseModel],
+    stream: Callable[..., Awaitable[Response]],
 ) -> None:
-    """``endpoint(request, skey, acct, body)``'s route answered as described above."""
-    route = _route(app, endpoint)
+    """Put the routes of ``post`` (its body ``post_body``) and ``stream`` first among the
+    app's routes, and answer them as described above.
+
+    ``post`` is called with ``request``, ``acct``, ``body`` and its path parameters,
+    ``stream`` with ``request`` and its path parameters, all by name.
+    """
+    post_route, stream_route = _route(app, post), _route(app, stream)
+    # Starlette tries the routes' patterns in order until one matches (~0.5 µs each; the
+    # stream route was the fifteenth). No other route matches their paths with their
+    # methods, so the order changes nothing but the time to find them.
+    routes = app.router.routes
+    routes[:] = [post_route, stream_route] + [
+        r for r in routes if r is not post_route and r is not stream_route
+    ]
+    post_route.app = request_response(_lean_post(post_route, post, post_body))
+    # Starlette's wrapper: FastAPI's adds two exit stacks for dependencies with ``yield``,
+    # which this route has none of.
+    stream_route.app = starlette_routing.request_response(_lean_stream(stream))
+
+
+def _lean_post(
+    route: APIRoute, endpoint: Callable[..., Awaitable[Any]], model: type[BaseModel]
+) -> Callable[[Request], Awaitable[Response]]:
     general = route.get_route_handler()
+    status_code = route.status_code
 
     async def handle(request: Request) -> Response:
-        body = await _json_body(request, body_model)
+        body = await _json_body(request, model)
         if body is None:
             return await general(request)
         try:
             acct = caller(request)
         except HTTPException:
             return await general(request)  # its 401, after any 422 of the body's
-        result = await endpoint(request, request.path_params["skey"], acct, body)
+        result = await endpoint(request=request, acct=acct, body=body, **request.path_params)
         # As FastAPI serializes a ``dict[str, Any]`` response model: pydantic's JSON.
         return Response(
             pydantic_core.to_json(result), status_code=status_code, media_type="application/json"
         )
 
-    route.app = request_response(handle)
+    return handle
 
 
-def lean_stream(app: FastAPI, endpoint: Callable[..., Awaitable[Response]]) -> None:
-    """``endpoint(request, skey, replyKey)``'s route, its path parameters read here."""
-    route = _route(app, endpoint)
-
+def _lean_stream(
+    endpoint: Callable[..., Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
-        params = request.path_params
-        return await endpoint(request, params["skey"], params["replyKey"])
+        return await endpoint(request=request, **request.path_params)
 
-    # Starlette's wrapper: FastAPI's adds two exit stacks for dependencies with ``yield``,
-    # which this route has none of.
-    route.app = starlette_routing.request_response(handle)
+    return handle
 
 
 async def _json_body(request: Request, model: type[BaseModel]) -> BaseModel | None:
