@@ -7,6 +7,7 @@ statement, hence one transaction, and one round trip to SQLite's thread.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -100,7 +101,8 @@ class LocalDb:
         # what it wrote (recordstore.sqlite_quick); this process's own writes, which its
         # feeds need not validate again (recordstore.local_written).
         self._quick = Quick(self.path)
-        self._yielded_at = 0.0  # when a quick read last let the loop run others
+        self._read_at = -math.inf  # the last quick read
+        self._slice_from = 0.0  # when the reads since the last pause or yield began
         self.written = Written()
 
     @classmethod
@@ -179,17 +181,23 @@ class LocalDb:
         """:meth:`read` for a point read or a page along the primary key: on this thread
         when SQLite answers at once, else through the reader's thread.
 
-        A cancellation point always; it lets the loop run other tasks only once per
-        :data:`READ_SLICE` of quick reads. A yield each (a turn makes about four) cost a
-        pass of the task through its whole await chain, ~3 µs each; a task that reads in
-        a loop still gives the loop up at least every slice.
+        A cancellation point always; it lets the loop run other tasks only once quick
+        reads have followed each other for :data:`READ_SLICE`. A yield each (a turn makes
+        about four) cost a pass of the task through its whole await chain, ~3 µs each; a
+        task that reads in a loop still gives the loop up at least every slice. The first
+        read after a pause of a slice starts a new one and does not yield: a turn's first
+        read (its conversation, on the claim's path) used to hand the loop to whatever was
+        queued, the change feed's handling of the message just written among them.
         """
         rows = self._quick.read(sql, params)
         if rows is None:
             return await self.read(sql, params)
         now = time.perf_counter()
-        if now - self._yielded_at >= READ_SLICE:
-            self._yielded_at = now
+        if now - self._read_at > READ_SLICE:
+            self._slice_from = now
+        self._read_at = now
+        if now - self._slice_from >= READ_SLICE:
+            self._slice_from = now
             await anyio.lowlevel.checkpoint()
         else:
             await anyio.lowlevel.checkpoint_if_cancelled()

@@ -201,6 +201,10 @@ async def test_quick_reads_in_a_loop_let_other_tasks_run_once_a_slice(
         assert await reads_while_counting(3600.0, 200) <= 1  # one slice: at most once
         # The real slice: 2,000 reads (~20 ms) take several slices, so others ran.
         assert await reads_while_counting(real_slice, 2000) >= 2
+        # After a pause of more than a slice, one read does not give the loop away: a
+        # turn's first read keeps the loop for its claim (the feed waits its turn).
+        await anyio.sleep(3 * real_slice)
+        assert await reads_while_counting(real_slice, 1) == 0
 
         with anyio.CancelScope() as scope:
             scope.cancel()
@@ -422,6 +426,34 @@ async def test_feed_backfill_then_live(store: LocalStore) -> None:
             None,
         )
         assert int(deleted.cursor) > int(backfill[1].cursor)
+
+
+async def test_a_write_wakes_the_feed_after_what_its_writer_started(store: LocalStore) -> None:
+    # recordstore.local_bell: a write wakes this process's feeds once the loop has run what
+    # was already queued, so a task started just after the write (a POST's turn, with its
+    # claim) goes before the feed's handling of it (with the quick reads' slice, which
+    # lets the feed's first read keep the loop: each fails this without the other).
+    order: list[str] = []
+    async with store.changes(await store.change_cursor()) as feed:
+
+        async def follow() -> None:
+            async for change in feed:
+                order.append(f"feed {change.key}")
+                if change.key == "c":
+                    return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            await anyio.sleep(0.05)  # the feed has caught up and waits for the bell
+            await store.create_record(DID, SPACE, MESSAGE, "a", message())
+            tg.start_soon(lambda: _note(order, "started"))
+            await store.create_record(DID, SPACE, MESSAGE, "b", message())
+            await store.create_record(DID, SPACE, MESSAGE, "c", message())
+    assert order == ["started", "feed a", "feed b", "feed c"]
+
+
+async def _note(order: list[str], what: str) -> None:
+    order.append(what)
 
 
 async def test_feed_resumes_from_its_cursor_exactly_once(store: LocalStore) -> None:
