@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from atproto import AsyncClient, Client
 from atproto_client.exceptions import BadRequestError, UnauthorizedError
 
 from daemon import xrpc
-from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, SessionTokens, load_secret
+from daemon.auth import ACCESS_SCOPE, REFRESH_SCOPE, SessionTokens, TokenError, load_secret
 from daemon.feed import FeedFollower
 from recordstore.keys import new_tid
 from testbed.fakemodel import FakeModel
@@ -197,6 +198,33 @@ async def test_sync_client_script_with_automatic_refresh(
         assert await anyio.to_thread.run_sync(script) == "from a script"
         assert (await dm.final(skey, f"{key}.r0"))["status"] == "complete"
         assert len(refreshes) >= 3  # one before each call after the login
+
+
+def test_an_access_token_verified_once_is_remembered_until_it_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # daemon.auth: a client sends one access token with every call; once verified, the same
+    # string is not parsed and signed again, and it still expires when its exp says.
+    tokens = SessionTokens(b"s" * 32, "did:web:localhost", access_ttl=60)
+    token = tokens.issue(ALICE, ACCESS_SCOPE, sid="one")
+    first = tokens.verify(token, ACCESS_SCOPE)
+    assert first.did == ALICE and first.sid == "one"
+    parsed: list[str] = []
+    verify = tokens._verify
+    monkeypatch.setattr(tokens, "_verify", lambda t, s: parsed.append(t) or verify(t, s))
+    assert tokens.verify(token, ACCESS_SCOPE) is first and parsed == []
+    # Another string (one character changed) is verified, and refused.
+    tampered = token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]
+    with pytest.raises(TokenError, match="could not be verified"):
+        tokens.verify(tampered, ACCESS_SCOPE)
+    assert parsed == [tampered]
+    # As a refresh token it is checked in full (and refused: wrong type).
+    with pytest.raises(TokenError, match="Invalid token type"):
+        tokens.verify(token, REFRESH_SCOPE)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 61)
+    with pytest.raises(TokenError, match="expired"):
+        tokens.verify(token, ACCESS_SCOPE)
 
 
 class _Counting(SessionTokens):
