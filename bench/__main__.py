@@ -84,6 +84,8 @@ def targets(sizes: Sizes) -> dict[str, Target]:
         "stream_ratio": Target(f">= {ratio} ({sizes.stream_tokens} tokens a turn)",
                                lambda v, _: v >= ratio, "0.18 (SPEC §10)"),
         "claim_latency_ms_p50": Target("<= 3 ms", lambda v, _: v <= 3),
+        # The bench's own client building each of those writes, before their clock starts.
+        "xrpc_request_build_ms_p50": Target(),
         "rss_growth_pct": Target("<= 5 %", lambda v, _: v <= 5),
         "per_token_overhead_us": Target(),
         "turnd_cpu_ms_per_turn": Target("<= 3 ms", lambda v, _: v <= 3),

@@ -225,13 +225,25 @@ async def xrpc_session(http: httpx.AsyncClient, handle: str, password: str) -> s
 async def xrpc_create(
     http: httpx.AsyncClient, jwt: str, did: str, collection: str, rkey: str, record: dict[str, Any]
 ) -> None:
-    r = await http.post(
+    await xrpc_send(http, xrpc_create_request(http, jwt, did, collection, rkey, record))
+
+
+def xrpc_create_request(
+    http: httpx.AsyncClient, jwt: str, did: str, collection: str, rkey: str, record: dict[str, Any]
+) -> httpx.Request:
+    """A ``createRecord`` request, built (headers, JSON body) and not sent yet."""
+    return http.build_request(
+        "POST",
         "/xrpc/com.atproto.repo.createRecord",
         headers={"Authorization": f"Bearer {jwt}"},
         json={"repo": did, "collection": collection, "rkey": rkey, "record": record},
     )
+
+
+async def xrpc_send(http: httpx.AsyncClient, request: httpx.Request) -> None:
+    r = await http.send(request)
     if r.status_code != 200:
-        raise RuntimeError(f"createRecord {rkey}: {r.status_code} {r.text[:200]}")
+        raise RuntimeError(f"{request.url.path}: {r.status_code} {r.text[:200]}")
 
 
 class ClaimWatcher:
