@@ -10,6 +10,7 @@ import importlib.util
 import re
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -71,6 +72,12 @@ def _datetime(v: str) -> str | None:
     m = _DATETIME.match(v)
     if not m:
         return "expected a form like 2026-01-01T00:00:00.000Z"
+    if m["offset"] == "Z" and _calendar_ok(v):
+        # The form turnd and most clients write: of the SDK's checks only the calendar's
+        # can fail for it, and that one is made here directly, 0.5 µs a timestamp where
+        # the SDK's took 1.9 (a turn writes about a dozen). Refusals go to the SDK, for
+        # its words.
+        return None
     if v.startswith("0000"):
         # Year 0000 is valid (the interop fixtures), which Python's datetime cannot hold:
         # check the calendar on year 2000, which has the same leap rule, and refuse an
@@ -82,6 +89,17 @@ def _datetime(v: str) -> str | None:
                 return "is before year 0000 in UTC"
         return err
     return _sdk_datetime(v)
+
+
+def _calendar_ok(v: str) -> bool:
+    """Whether a string of :data:`_DATETIME`'s form ending ``Z`` is on the calendar, as
+    the SDK's own last check (``fromisoformat``) reads it; from year 0001 (Python's
+    ``datetime`` holds no year 0000)."""
+    try:
+        datetime.fromisoformat(v)
+    except ValueError:
+        return False
+    return True
 
 
 def _cid_format(v: str) -> str | None:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
+
+# The second's text, made once a second: a turn writes about ten timestamps, and
+# ``datetime.now(UTC).isoformat(...)`` took ~1.7 µs each against ~0.4 here.
+_second: tuple[int, str] = (-1, "")
 
 
 def now_iso() -> str:
     """Now as a lexicon ``datetime``: ``2026-01-31T12:34:56.789Z``."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    global _second
+    seconds, nanos = divmod(time.time_ns(), 1_000_000_000)
+    if _second[0] != seconds:
+        _second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+    return f"{_second[1]}.{nanos // 1_000_000:03d}Z"

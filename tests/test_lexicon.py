@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
 from atproto_lexicon.parser import lexicon_parse
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from recordstore import InvalidRecord, lexicon
+from recordstore import InvalidRecord, lexicon, lexicon_formats
 from recordstore.lexicon import has_lexicon, validate_record
+from recordstore.times import now_iso
 from recordstore.vocabulary import (
     CONVERSATION,
     CONVERSATION_REF,
@@ -393,6 +398,35 @@ def test_datetime_accepts(value: str) -> None:
 )
 def test_datetime_refuses(value: str) -> None:
     refused_like(MESSAGE, message(createdAt=value), "createdAt must be a valid datetime: ")
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    date=st.tuples(st.integers(0, 9999), st.integers(0, 19), st.integers(0, 39)),
+    clock=st.tuples(st.integers(0, 29), st.integers(0, 59), st.integers(0, 69)),
+    fraction=st.one_of(st.just(""), st.text("0123456789", min_size=1, max_size=9).map("." .__add__)),
+)
+def test_datetime_of_the_usual_form_is_judged_as_the_sdk_judges_it(
+    date: tuple[int, int, int], clock: tuple[int, int, int], fraction: str
+) -> None:
+    # recordstore.lexicon_formats checks a "...Z" datetime's calendar itself, without the
+    # SDK's validator: the verdict must be the SDK's, and a refusal keeps the SDK's words.
+    (year, month, day), (hour, minute, second) = date, clock
+    v = f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}{fraction}Z"
+    if v.startswith("0000"):
+        assert not lexicon_formats._calendar_ok(v)  # year 0000 keeps its own checks
+        return
+    assert lexicon_formats._datetime(v) == lexicon_formats._sdk_datetime(v)
+
+
+def test_now_iso_is_now_in_the_form_turnd_writes() -> None:
+    before = datetime.now(UTC)
+    stamp = now_iso()
+    after = datetime.now(UTC)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp)
+    at = datetime.fromisoformat(stamp)
+    assert before - timedelta(milliseconds=1) <= at <= after
+    assert lexicon_formats._datetime(stamp) is None
 
 
 def test_record_key_format() -> None:
