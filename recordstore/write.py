@@ -89,12 +89,14 @@ async def prepare_write(
         raise InvalidRecord(f"Invalid $type: expected {collection}, got {record_type}")
     value = integral_numbers(value)
     validate_record(collection, value)
-    refs = blob_refs(value)
     try:
         cid = record_cid(value)
         body = record_text(value).encode()
     except (ValueError, TypeError) as e:
         raise InvalidRecord(f"not atproto data: {e}") from None
+    # Every blob reference, current or legacy, has a "mimeType" key: a record whose JSON
+    # has none is not walked for them (most of a turn's records; ~4 µs each).
+    refs = blob_refs(value) if b'"mimeType"' in body else ()
     if len(body) > MAX_RECORD_BYTES:
         raise InvalidRecord(f"record is larger than {MAX_RECORD_BYTES} bytes")
     if blobs is not None:
