@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # (487 collections in 2000 short turns freed 306 objects; with the older generations
 # ~0.11 ms of CPU a turn, `gc.callbacks`). At 20000: 2 collections in the same turns,
 # CPU per turn -4 % (`python -m bench.ab`), RSS after 1000 turns within its noise
-# (README, "Where the figures stand").
+# (docs/performance-history.md).
 YOUNG_GENERATION_THRESHOLD = 20_000
 
 

@@ -78,7 +78,7 @@ def _ref(value: Mapping[str, Any]) -> dict[str, str]:
 # Python and SDK versions, the async library, the retry count, the read timeout) to a
 # third party. No provider needs them, the User-Agent still names the SDK, and the SDK and
 # httpx2 built and merged them header by header on every request: 17 headers a chat call
-# become 10, the SDK's request building 71 -> 55 µs (README, "Where the figures stand").
+# become 10, the SDK's request building 71 -> 55 µs (docs/performance-history.md).
 _CLIENT_PLATFORM_HEADERS = (
     "X-Stainless-Lang",
     "X-Stainless-Package-Version",
@@ -182,7 +182,7 @@ MAX_CONNECTIONS, MAX_KEEPALIVE, POOLS = 1000, 200, 8
 # Requests a pool takes at once before the next pool is used (beyond POOLS * FILL, the
 # least busy takes them). httpcore walks all of a pool's connections at each request and
 # each close: 20 calls at a time cost 644 -> 605 µs of the client's CPU a streamed call
-# with FILL 4 instead of the pool's keep-alive size, 25 (README, "Where the figures stand").
+# with FILL 4 instead of the pool's keep-alive size, 25 (docs/performance-history.md).
 FILL = 4
 
 

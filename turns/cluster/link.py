@@ -30,7 +30,7 @@ PREFIX = "turnd:"
 # Connections of the command client. redis-py's pool refuses a command at once past its
 # size (100 by default, `MaxConnectionsError`), which read as Redis being gone: with 200
 # replies mirrored at once, some mirrors stopped and their readers elsewhere waited out
-# an XREAD block (15 s) before asking again (README, "Where the figures stand"). This
+# an XREAD block (15 s) before asking again (docs/performance-history.md). This
 # pool makes a command wait for a free connection instead, within COMMAND_TIMEOUT.
 COMMAND_CONNECTIONS = 100
 # Connections of the blocking client: each remote subscriber holds one for its XREAD
