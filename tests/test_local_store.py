@@ -480,6 +480,26 @@ async def test_feed_resumes_from_its_cursor_exactly_once(store: LocalStore) -> N
     assert not any(c.live for c in rest) and last.live
 
 
+async def test_keys_changed_names_one_spaces_writes_since_a_cursor(store: LocalStore) -> None:
+    # recordstore.local_feed.keys_changed: SQLite picks one space's keys out of the ops since
+    # the cursor (creates, updates and deletes alike); past ``limit`` ops it answers None.
+    other = "3m2a4b5c6d7e3"
+    await store.create_record(DID, SPACE, MESSAGE, "old", message())
+    cursor = await store.change_cursor()
+    assert await store.keys_changed(DID, SPACE, MESSAGE, cursor, 10) == (set(), cursor)
+    await store.create_record(DID, SPACE, MESSAGE, "a", message())
+    await store.create_record(DID, other, MESSAGE, "b", message())  # another space
+    await store.create_record("did:plc:bob", SPACE, MESSAGE, "c", message())  # another account
+    await store.put_record(DID, SPACE, MESSAGE, "old", message("edited"))
+    await store.delete_record(DID, SPACE, MESSAGE, "a")
+    head = await store.change_cursor()
+    assert int(head) == int(cursor) + 5
+    assert await store.keys_changed(DID, SPACE, MESSAGE, cursor, 5) == ({"a", "old"}, head)
+    assert await store.keys_changed(DID, SPACE, MESSAGE, cursor, 4) is None
+    assert await store.keys_changed(DID, other, MESSAGE, cursor, 5) == ({"b"}, head)
+    assert await store.keys_changed(DID, SPACE, MESSAGE, head, 5) == (set(), head)
+
+
 async def test_feed_from_a_cursor_ahead_of_the_store(store: LocalStore) -> None:
     with pytest.raises(StoreError, match="ahead"):
         async with store.changes("99") as feed:
