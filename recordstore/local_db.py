@@ -187,7 +187,9 @@ class LocalDb:
         task that reads in a loop still gives the loop up at least every slice. The first
         read after a pause of a slice starts a new one and does not yield: a turn's first
         read (its conversation, on the claim's path) used to hand the loop to whatever was
-        queued, the change feed's handling of the message just written among them.
+        queued, the change feed's handling of the message just written among them. So a
+        task that computes for more than a slice between two quick reads does not yield at
+        them; none here does (a listing parses a page, ~0.3 ms, between its reads).
         """
         rows = self._quick.read(sql, params)
         if rows is None:
