@@ -81,7 +81,7 @@ async def keys_changed(
     cursor; None when more than ``limit`` ops follow it. The log has no index by space: the
     ops since are scanned along the primary key, by SQLite, which hands back only that
     space's keys (the rows came to Python to be sorted out before: ~80 of them a turn with
-    20 conversations busy, 0.13 ms where this takes 0.02)."""
+    20 conversations busy, 68 µs where this takes 18.5)."""
     head = await change_head(db)
     if head - after > limit:  # the ops since, or more: AUTOINCREMENT never reuses an id
         return None

@@ -95,7 +95,7 @@ async def prepare_write(
     except (ValueError, TypeError) as e:
         raise InvalidRecord(f"not atproto data: {e}") from None
     # Every blob reference, current or legacy, has a "mimeType" key: a record whose JSON
-    # has none is not walked for them (most of a turn's records; ~4 µs each).
+    # has none is not walked for them (most of a turn's records; ~3 µs each).
     refs = blob_refs(value) if b'"mimeType"' in body else ()
     if len(body) > MAX_RECORD_BYTES:
         raise InvalidRecord(f"record is larger than {MAX_RECORD_BYTES} bytes")
