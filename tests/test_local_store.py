@@ -431,8 +431,8 @@ async def test_feed_backfill_then_live(store: LocalStore) -> None:
 async def test_a_write_wakes_the_feed_after_what_its_writer_started(store: LocalStore) -> None:
     # recordstore.local_bell: a write wakes this process's feeds once the loop has run what
     # was already queued, so a task started just after the write (a POST's turn, with its
-    # claim) goes before the feed's handling of it (with the quick reads' slice, which
-    # lets the feed's first read keep the loop: each fails this without the other).
+    # claim) goes before the feed's handling of it. With the quick reads' slice, which lets
+    # the feed's first read keep the loop, and the old immediate wake-up, the feed went first.
     order: list[str] = []
     async with store.changes(await store.change_cursor()) as feed:
 
