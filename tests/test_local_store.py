@@ -446,7 +446,7 @@ async def test_a_write_wakes_the_feed_after_what_its_writer_started(store: Local
             tg.start_soon(follow)
             await anyio.sleep(0.05)  # the feed has caught up and waits for the bell
             await store.create_record(DID, SPACE, MESSAGE, "a", message())
-            tg.start_soon(lambda: _note(order, "started"))
+            tg.start_soon(_note, order, "started")
             await store.create_record(DID, SPACE, MESSAGE, "b", message())
             await store.create_record(DID, SPACE, MESSAGE, "c", message())
     assert order == ["started", "feed a", "feed b", "feed c"]
