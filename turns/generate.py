@@ -184,11 +184,11 @@ async def _stream_step(
     first_part = len(parts.parts)
     try:
         async with _chat_stream(client, body) as response:
-            lines = response.aiter_lines()
+            lines = _lines(response)
             relayed = parts.streamed  # deltas published before the loop last ran
             line_at = relay_at = 0.0
             async for line in lines:
-                if not line.startswith("data:"):
+                if not line.startswith(b"data:"):
                     continue
                 now = time.monotonic()
                 if parts.streamed != relayed:
@@ -199,13 +199,11 @@ async def _stream_step(
                         await anyio.lowlevel.checkpoint()  # a burst: the subscribers first
                 line_at = now
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     await _drain(lines)
                     break
                 try:
-                    # Keys only: jiter's default also caches values, and a turn's ids, models
-                    # and texts then stay alive in its 16k-entry cache (~1.5 MB of RSS).
-                    chunk = jiter.from_json(data.encode(), cache_mode="keys")
+                    chunk = _chunk(data)
                 except ValueError:
                     raise TurnFailed("the model sent a malformed chunk") from None
                 if not isinstance(chunk, dict):
@@ -230,7 +228,36 @@ async def _stream_step(
     return [calls[i] for i in sorted(calls)]
 
 
-async def _drain(lines: AsyncIterator[str]) -> None:
+def _chunk(data: bytes) -> Any:
+    # Keys only: jiter's default also caches values, and a turn's ids, models and texts
+    # then stay alive in its 16k-entry cache (~1.5 MB of RSS).
+    try:
+        return jiter.from_json(data, cache_mode="keys")
+    except ValueError:
+        # Bytes that are not UTF-8 become U+FFFD, as httpx's text decoding made them.
+        text = data.decode(errors="replace")
+        if text.encode() == data:
+            raise
+        return jiter.from_json(text.encode(), cache_mode="keys")
+
+
+async def _lines(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """The body's lines, as bytes without their ends (``\\n``, ``\\r\\n`` or ``\\r``, as
+    SSE has them). SSE is UTF-8 whatever the headers say, and a data line goes to
+    ``jiter`` as bytes: httpx's ``aiter_lines`` read the charset from the
+    ``Content-Type`` through the ``email`` package, decoded each chunk to text and split
+    it in two more generators, and the text was encoded again for the parser."""
+    rest = b""
+    async for chunk in response.aiter_bytes():
+        lines = (rest + chunk if rest else chunk).splitlines(keepends=True)
+        rest = lines.pop() if not lines[-1].endswith((b"\n", b"\r")) else b""
+        for line in lines:
+            yield line.rstrip(b"\r\n")
+    if rest:
+        yield rest
+
+
+async def _drain(lines: AsyncIterator[bytes]) -> None:
     """Read what follows ``[DONE]`` (the body's end, at once from any real server): a
     response read to its end keeps its connection in the pool, one left unread is
     closed, and the next model call would connect again. A server that keeps the
