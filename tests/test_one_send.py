@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
+import socket
 import ssl
+import struct
 from pathlib import Path
 
 import anyio
@@ -192,8 +194,29 @@ async def test_timeouts_and_failures_are_httpcores_errors() -> None:
         await stream.aclose()
         with pytest.raises(httpcore2.ReadError):  # read from a closed stream
             await stream.read(10, timeout=1)
+        with pytest.raises(httpcore2.WriteError):  # and a write to it (sent at once, as large)
+            await stream.write(b"x" * HOLD_BYTES)
         tg.cancel_scope.cancel()
     await listener.aclose()
     # Nothing listens on that port any more: the connect is refused.
     with pytest.raises(httpcore2.ConnectError):
         await OneSendBackend().connect_tcp("127.0.0.1", port, timeout=5)
+
+
+async def test_a_reset_connection_is_a_read_error_and_readable() -> None:
+    async def reset(stream: anyio.abc.SocketStream) -> None:
+        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()  # an RST, not a FIN
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, reset)
+        stream = await OneSendBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        with pytest.raises(httpcore2.ReadError):
+            await stream.read(10, timeout=5)
+        assert stream.get_extra_info("is_readable") is True  # so the pool drops it
+        await stream.aclose()
+        tg.cancel_scope.cancel()
+    await listener.aclose()

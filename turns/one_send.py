@@ -1,4 +1,4 @@
-"""A model request's head and body in one ``send``.
+"""A model request's head and body in one ``send``, over asyncio's own streams.
 
 httpcore writes an HTTP/1.1 request's head and then its body, two ``send`` calls. The
 first wakes the model server, which reads an unfinished request and waits; on one
@@ -8,10 +8,20 @@ most turns, 0.5-0.9 ms each, before the body (and so the model's clock) went out
 read from, which an HTTP client does once its request is out, and send it together.
 A body past :data:`HOLD_BYTES` goes out as it comes, so an upload is not held in memory.
 
+They are asyncio's ``StreamReader`` and ``StreamWriter`` (what ``asyncio.open_connection``
+gives), not anyio's socket stream, which httpcore's anyio backend uses. anyio's stream
+yields to the loop before every send, and stops the socket's reading after every receive
+and starts it again before the next wait (two ``epoll_ctl`` calls a wait); asyncio's
+writer sends at once and waits only when its buffer is full, and its reader reads as data
+comes. CPU a short turn, ``bench.ab --paired``: B/A 0.970. The timeouts are still anyio's
+cancel scopes, and the errors httpcore's own.
+
 They also answer the pool's liveness question (``is_readable``, asked of every idle
-connection at each request) from the socket they keep, with httpcore's own ``poll``: anyio built
-the stream's whole attribute table for it, ``getpeername`` included, each time (5 % of
-the CPU of a short turn with 20 connections in the pool, by py-spy).
+connection at each request) from the socket, with httpcore's own ``poll``: a socket the
+server closed stays readable, and one asyncio closed on an error has no descriptor, which
+counts as readable too. (Bytes a server sent on an idle connection without closing it
+are already in the reader's buffer and not seen: the next response read fails on them,
+a protocol error the SDK retries.)
 
 :func:`model_transport` is httpx2's own transport on a pool whose connections use them.
 Behind a proxy from the environment the stock client stays (its proxy transports are
@@ -22,8 +32,8 @@ made by httpx), with its two sends.
 
 from __future__ import annotations
 
+import asyncio
 import math
-import socket
 import ssl
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
@@ -31,8 +41,6 @@ from functools import partial
 from typing import Any
 
 import anyio
-import anyio.abc
-import anyio.streams.tls
 import httpcore2
 import httpx2
 from httpcore2._utils import is_socket_readable  # the check httpcore's own streams make
@@ -43,16 +51,17 @@ HOLD_BYTES = 64 * 1024
 
 
 class _OneSendStream(httpcore2.AsyncNetworkStream):
-    """httpcore's anyio stream (``httpcore2.AnyIOBackend``'s), holding writes until the
-    next read. Its reads and writes are made here, with the same timeouts and the same
-    errors: httpcore's wrap each in two generator context managers (``fail_after``,
-    ``map_exceptions``), ~15 µs a read or write, and a model call makes four or five."""
+    """One connection's reader and writer, holding writes until the next read. A write
+    that fits in the transport's buffer does not wait; one that fills it waits for it to
+    drain, within the write timeout."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, sock: socket.socket | None) -> None:
-        self._stream = stream
-        self._socket = sock
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._socket = writer.get_extra_info("socket")
         self._held: list[bytes] = []
         self._held_bytes = 0
+        self._closed = False
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
@@ -68,28 +77,35 @@ class _OneSendStream(httpcore2.AsyncNetworkStream):
         data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
         self._held.clear()
         self._held_bytes = 0
-        with anyio.CancelScope(deadline=_deadline(timeout)):
-            try:
-                await self._stream.send(data)
+        if self._closed or self._writer.is_closing():
+            raise httpcore2.WriteError("the connection is closed")
+        try:
+            self._writer.write(data)
+            if not self._writer.transport.get_write_buffer_size():
                 return
-            except _BROKEN as exc:
-                raise httpcore2.WriteError(exc) from exc
-        raise httpcore2.WriteTimeout("timed out")  # only the deadline cancels this scope
+            with anyio.CancelScope(deadline=_deadline(timeout)):
+                await self._writer.drain()
+                return
+        except OSError as exc:
+            raise httpcore2.WriteError(exc) from exc
+        raise httpcore2.WriteTimeout("timed out")
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         await self._send(timeout)
+        if self._closed:
+            raise httpcore2.ReadError("the connection is closed")
         with anyio.CancelScope(deadline=_deadline(timeout)):
             try:
-                return await self._stream.receive(max_bytes)
-            except anyio.EndOfStream:
-                return b""
-            except _BROKEN as exc:
+                return await self._reader.read(max_bytes)
+            except OSError as exc:
                 raise httpcore2.ReadError(exc) from exc
         raise httpcore2.ReadTimeout("timed out")
 
     async def aclose(self) -> None:
-        self._held.clear()  # a request closed before it was read from was abandoned
-        await self._stream.aclose()
+        self._held.clear()
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
 
     async def start_tls(
         self,
@@ -100,34 +116,27 @@ class _OneSendStream(httpcore2.AsyncNetworkStream):
         await self._send(timeout)
         try:
             with anyio.fail_after(timeout):
-                tls = await anyio.streams.tls.TLSStream.wrap(
-                    self._stream, ssl_context=ssl_context, hostname=server_hostname,
-                    standard_compatible=False, server_side=False,
-                )
+                await self._writer.start_tls(ssl_context, server_hostname=server_hostname)
         except TimeoutError as exc:
             await self.aclose()
             raise httpcore2.ConnectTimeout(exc) from exc
-        except (anyio.BrokenResourceError, anyio.EndOfStream, ssl.SSLError) as exc:
+        except OSError as exc:  # ssl.SSLError is one
             await self.aclose()
             raise httpcore2.ConnectError(exc) from exc
-        return _OneSendStream(tls, self._socket)
+        return self  # the same reader and writer, now over TLS
 
     def get_extra_info(self, info: str) -> Any:
-        # What httpcore's own stream answers.
         if info == "is_readable":
-            return is_socket_readable(self._socket)
+            return self._reader.at_eof() or is_socket_readable(self._socket)
         if info == "socket":
             return self._socket
         if info == "ssl_object":
-            return self._stream.extra(anyio.streams.tls.TLSAttribute.ssl_object, None)
+            return self._writer.get_extra_info("ssl_object")
         if info == "client_addr":
-            return self._stream.extra(anyio.abc.SocketAttribute.local_address, None)
+            return self._writer.get_extra_info("sockname")
         if info == "server_addr":
-            return self._stream.extra(anyio.abc.SocketAttribute.remote_address, None)
+            return self._writer.get_extra_info("peername")
         return None
-
-
-_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
 def _deadline(timeout: float | None) -> float:
@@ -135,7 +144,7 @@ def _deadline(timeout: float | None) -> float:
 
 
 class OneSendBackend(httpcore2.AsyncNetworkBackend):
-    """httpcore2's anyio backend, its streams holding writes until the next read."""
+    """An httpcore2 network backend on asyncio's streams, holding writes until the next read."""
 
     async def connect_tcp(
         self,
@@ -146,33 +155,34 @@ class OneSendBackend(httpcore2.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore2.AsyncNetworkStream:
         return await self._connect(
-            partial(anyio.connect_tcp, host, port, local_host=local_address),
+            partial(asyncio.open_connection, host, port,
+                    local_addr=(local_address, 0) if local_address else None),
             timeout, socket_options,
         )
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore2.AsyncNetworkStream:
-        return await self._connect(partial(anyio.connect_unix, path), timeout, socket_options)
+        return await self._connect(partial(asyncio.open_unix_connection, path), timeout, socket_options)
 
     async def _connect(
         self,
-        connect: Callable[[], Awaitable[anyio.abc.SocketStream]],
+        connect: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]],
         timeout: float | None,
         socket_options: Iterable[Any] | None,
     ) -> httpcore2.AsyncNetworkStream:
-        # As httpcore2.AnyIOBackend connects (asyncio's TCP sockets have TCP_NODELAY).
+        # As httpcore2.AnyIOBackend connects; asyncio sets TCP_NODELAY on TCP sockets.
         try:
             with anyio.fail_after(timeout):
-                stream = await connect()
+                reader, writer = await connect()
         except TimeoutError as exc:
             raise httpcore2.ConnectTimeout(exc) from exc
-        except (OSError, anyio.BrokenResourceError) as exc:
+        except OSError as exc:
             raise httpcore2.ConnectError(exc) from exc
-        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        sock = writer.get_extra_info("socket")
         for option in socket_options or ():
             sock.setsockopt(*option)
-        return _OneSendStream(stream, sock)
+        return _OneSendStream(reader, writer)
 
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)
