@@ -1,8 +1,8 @@
 """Connections cannot be exhausted (SPEC §12): what uvicorn does not do by itself.
 
 The server speaks HTTP/1.1 through uvicorn's httptools protocol (llhttp, in C: a
-small request costs about a third less CPU than with h11, README "Issue 18, fifth
-round, the edge"). uvicorn offers a keep-alive timeout, which starts only after a
+small request costs about a third less CPU than with h11, docs/performance-history.md,
+"Issue 18, fifth round, the edge"). uvicorn offers a keep-alive timeout, which starts only after a
 response, and ``limit_concurrency``, which answers 503 only once a request head has
 arrived. Nothing closes a connection that never completes its first head, so 300
 clients sending a header byte every few seconds hold 300 sockets forever; nothing

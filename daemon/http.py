@@ -153,7 +153,7 @@ def _mount(app: FastAPI, router: APIRouter) -> None:
     ``app.include_router`` in this FastAPI keeps each included router as a node that is
     matched on every request (its routes' version checked, its candidates tried, twice:
     to match and to handle): with seven routers that was a fifth of the CPU of a small
-    request (README, "Issue 18, fifth round, the edge"). Our routers' routes are complete
+    request (docs/performance-history.md, "Issue 18, fifth round, the edge"). Our routers' routes are complete
     as they stand: ``APIRouter`` applies its prefix, tags, dependencies and route class
     when a route is added to it, and the app has nothing of its own to add.
     """

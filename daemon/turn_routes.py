@@ -5,8 +5,7 @@ FastAPI's handler does the same work for every request of every route: it looks 
 endpoint's context for error messages, reads the content type through ``email.message``,
 resolves the parameters and the dependencies, and serializes the result through the
 response model. For these two routes that was about a twentieth of a short turn's CPU
-(issue 18's twentieth round: the README's "Where the figures stand (2026-12-06, night)",
-then docs/performance-history.md). Here each route's handler reads what it needs itself:
+(docs/performance-history.md, "Issue 18, twentieth round"). Here each route's handler reads what it needs itself:
 
 - the stream route takes its two path parameters, which FastAPI would only check to be
   strings (the endpoint reads the rest from the request, as it did);

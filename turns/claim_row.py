@@ -2,7 +2,7 @@
 
 The claim row (in the state file) must only precede the placeholder, so that a
 crash right after the create still finds it; its hop took as long as the load
-(~1 ms at load, README, issue 18, fourth round), so the two run side by side when
+(~1 ms at load, docs/performance-history.md, fourth round), so the two run side by side when
 the row cannot be written on the loop's thread at once; when it can, it goes first. A
 row left by a turn that claims nothing is dropped; one a crash leaves is dropped
 at the next start (``TurnEngine.recover``).

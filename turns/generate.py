@@ -168,7 +168,7 @@ async def _chat_stream(client: openai.AsyncOpenAI, body: dict[str, Any]) -> Asyn
     the raw streamed response back, as ``client.post`` would (``post_chat``);
     ``chat.completions.create`` would first run every field of the body, each message of
     the prompt, through the SDK's TypedDict transform, which gives chat params (no
-    aliases, no formats) back unchanged, at ~0.3 ms a call (README, issue 18, fourth
+    aliases, no formats) back unchanged, at ~0.3 ms a call (docs/performance-history.md, fourth
     round)."""
     response = await post_chat(client, body, httpx2.Response, stream=True)
     try:

@@ -232,7 +232,7 @@ class Titles:
             # The client's base URL, auth, retries and errors, as create() would use; the
             # answer as JSON, not a ChatCompletion: create() ran the body through the SDK's
             # TypedDict transform and built pydantic objects of the answer, most of a
-            # title's CPU (README, issue 18, fifth round).
+            # title's CPU (docs/performance-history.md, fifth round).
             response = await post_chat(client, body, dict)
         except openai.OpenAIError as exc:
             # The reason goes into a `title-failed` event: named, and without the key.
