@@ -54,6 +54,21 @@ async def test_posting_with_generation_writes_user_message_pending_reply_then_fi
         assert (await kit.messages(skey))[posted.user_key]["role"] == "user"
 
 
+async def test_text_with_unicode_line_separators_is_relayed_whole(tmp_path, fake):
+    # JSON lets U+2028, U+2029 and U+0085 stand unescaped in a string (the fake, like a
+    # Node or Rust server, writes them so); SSE ends lines only at \r and \n. httpx's
+    # line reader split at them too, and the turn failed on half a chunk.
+    fake.push(Reply.text(["one\u2028two", "\u2029three\x85four"]))
+    async with turn_kit(tmp_path, fake) as kit:
+        skey = await kit.conversation()
+        posted = await kit.engine.post_message(
+            DID, skey, parent=None, parts=[text_part("hi")], generation={}
+        )
+        final = await kit.reply(skey, posted.reply_key)
+        assert final["status"] == "complete", final.get("error")
+        assert texts(final) == "one\u2028two\u2029three\x85four"
+
+
 async def test_posting_without_generation_writes_only_the_user_message(tmp_path, fake):
     async with turn_kit(tmp_path, fake) as kit:
         skey = await kit.conversation()
