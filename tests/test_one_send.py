@@ -14,6 +14,7 @@ import anyio
 import anyio.abc
 import httpcore2
 import httpx2
+import openai
 import pytest
 from anyio.streams.tls import TLSStream
 from cryptography import x509
@@ -22,7 +23,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from testbed.fakemodel import FakeModel, Reply
+from turns.generate import _stream_step
 from turns.one_send import HOLD_BYTES, OneSendBackend, model_transport, uses_env_proxy
+from turns.outcomes import Usage
+from turns.parts import PartsBuilder
 from turns.tls import model_tls_context
 
 pytestmark = pytest.mark.anyio
@@ -220,3 +224,46 @@ async def test_a_reset_connection_is_a_read_error_and_readable() -> None:
         await stream.aclose()
         tg.cancel_scope.cancel()
     await listener.aclose()
+
+
+async def test_chat_calls_over_tls_reuse_one_connection(tmp_path: Path) -> None:
+    # The whole path a provider's HTTPS call takes: the pool connects, upgrades to TLS in
+    # place, sends the request in one record, reads a chunked SSE body, and keeps the
+    # connection for the next call.
+    server_ctx, client_ctx = _self_signed(tmp_path)
+    connections: list[int] = []
+    body = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"content-length: %d\r\n\r\n" % len(body))
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        connections.append(1)
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, ssl.SSLError):
+                tls = await TLSStream.wrap(stream, server_side=True, ssl_context=server_ctx)
+                request = b""
+                while True:
+                    request += await tls.receive()
+                    if b"\r\n\r\n" in request and request.endswith(b"}"):  # head and JSON body
+                        request = b""
+                        await tls.send(head + body)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        limits = httpx2.Limits(max_connections=4, max_keepalive_connections=4)
+        http = httpx2.AsyncClient(transport=model_transport(client_ctx, limits))
+        client = openai.AsyncOpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key="k",
+                                    max_retries=0, http_client=http)
+        request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        for _ in range(2):
+            parts = PartsBuilder(None)
+            with anyio.fail_after(10):
+                await _stream_step(client, request, parts, Usage())
+            parts.end_run()
+            assert [p["text"] for p in parts.parts] == ["hi"]
+        await client.close()
+        tg.cancel_scope.cancel()
+    await listener.aclose()
+    assert len(connections) == 1
