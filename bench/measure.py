@@ -4,7 +4,6 @@ median over runs and shows min and max beside it."""
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import math
 import os
 import statistics
@@ -17,6 +16,7 @@ import anyio
 from bench import client as c
 from bench.procs import DID, HANDLE, FakeModelProc, TurndProc, cpu_seconds, rss_bytes
 from recordstore.keys import new_tid
+from recordstore.times import now_iso
 
 Log = Callable[[str], None]
 
@@ -86,17 +86,13 @@ async def ttft(turnd: TurndProc, fake: FakeModelProc, runs: int, samples: int,
 # -- claims of direct writes -------------------------------------------------------------
 
 
-def _iso_now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _user_message() -> dict[str, Any]:
     return {
         "$type": c.MESSAGE,
         "role": "user",
         "content": {"$type": c.PLAIN, "parts": [{"$type": c.TEXT_PART, "text": "hi"}]},
         "generation": {"attempt": 0},
-        "createdAt": _iso_now(),
+        "createdAt": now_iso(),
     }
 
 
@@ -114,7 +110,7 @@ async def claims(turnd: TurndProc, runs: int, samples: int, log: Log) -> list[di
             async def one() -> tuple[float, float, float]:
                 skey = new_tid()
                 await c.xrpc_create(http, jwt, DID, c.INFO, f"{skey}:self",
-                                    {"$type": c.INFO, "createdAt": _iso_now()})
+                                    {"$type": c.INFO, "createdAt": now_iso()})
                 await anyio.sleep(0.01)  # let the feed pass the info record
                 key = new_tid()
                 record = _user_message()
